@@ -1,0 +1,143 @@
+"""The model-family registry: one place that says what a family provides.
+
+Each family (``tune/models/<family>/__init__.py``, or a plugin) registers a :class:`ModelFamily`. Checkpointers
+look converters up here by ``model_type``, ``tune.models.from_hf`` picks the family of a Hugging Face
+``config.json`` here, ``tune ls --models`` lists it, and the distributed recipes read the FSDP shard rule and
+tensor-parallel plan from it. There is no if/elif on model type anywhere else.
+
+This module is a leaf like ``tune.utils``: it imports nothing from tune but ``tune.plugins``, so every layer may
+read it. Built-in families are imported by name the first time a lookup misses.
+"""
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tune import plugins
+
+# tune -> HF and HF -> tune state-dict conversion. Each takes the state dict and the HF `config.json` as a
+# dict (dimensions such as num_attention_heads are needed to permute q/k projections) and returns a new dict.
+StateDictConverter = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]
+
+
+@dataclass
+class ModelFamily:
+    """What a model family provides to the rest of tune.
+
+    Args:
+        name (str): family name, lower case (``"llama3_2"``). ``model_type`` values in configs match it
+            case-insensitively, so torchtune's ``LLAMA3_2`` works.
+        builders (Mapping[str, Callable]): named builders, e.g. ``{"llama3_2_1b": llama3_2_1b, ...}``, including
+            ``lora_*`` and ``qlora_*`` variants.
+        hf_to_tune (StateDictConverter | None): converts a Hugging Face state dict to tune's keys.
+        tune_to_hf (StateDictConverter | None): the inverse.
+        hf_model_types (tuple[str, ...]): ``config.json`` ``model_type`` values this family can load in
+            ``tune.models.from_hf`` (e.g. ``("qwen3",)``). Several families may share one HF type (all Llama
+            generations are ``"llama"``); ``from_hf`` uses the family that registered ``from_hf_config``.
+        from_hf_config (Callable | None): ``(hf_config: dict, **lora_kwargs) -> nn.Module`` building the model
+            with the dimensions of a ``config.json``.
+        tokenizer (Callable | None): the tokenizer builder (``path, max_seq_len=..., ...``).
+        aliases (tuple[str, ...]): other names accepted as ``model_type`` (``("qwen2",)`` for qwen2_5).
+        fsdp_shard_modules (Callable | None): ``model -> list[nn.Module]`` of the submodules to wrap with
+            ``fully_shard`` (default in tune.training: every transformer layer).
+        tp_plan (Callable | None): ``model -> dict[str, ParallelStyle]`` tensor-parallel plan.
+        extra (dict): anything else a plugin wants to attach.
+    """
+
+    name: str
+    builders: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    hf_to_tune: StateDictConverter | None = None
+    tune_to_hf: StateDictConverter | None = None
+    hf_model_types: tuple[str, ...] = ()
+    from_hf_config: Callable[..., Any] | None = None
+    tokenizer: Callable[..., Any] | None = None
+    aliases: tuple[str, ...] = ()
+    fsdp_shard_modules: Callable[..., Any] | None = None
+    tp_plan: Callable[..., Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_FAMILIES: dict[str, ModelFamily] = {}
+_ALIASES: dict[str, str] = {}
+_builtins_loaded = False
+_plugins_loaded = False
+
+
+def register_model_family(family: ModelFamily, *, overwrite: bool = False) -> ModelFamily:
+    """Registers ``family`` under its name and aliases.
+
+    Raises:
+        ValueError: if the name is taken by another family and ``overwrite`` is False.
+    """
+    name = family.name.lower()
+    if name in _FAMILIES and _FAMILIES[name] is not family and not overwrite:
+        raise ValueError(f"A model family named {name!r} is already registered; pass overwrite=True to replace it.")
+    _FAMILIES[name] = family
+    for alias in family.aliases:
+        _ALIASES[alias.lower()] = name
+    return family
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        importlib.import_module("tune.models")  # each family registers itself on import
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        for family in plugins.load_all(ModelFamily).values():
+            if family.name.lower() not in _FAMILIES:
+                register_model_family(family)
+
+
+def _find(name: str) -> ModelFamily | None:
+    key = name.lower()
+    key = _ALIASES.get(key, key)
+    return _FAMILIES.get(key)
+
+
+def get_model_family(name: str) -> ModelFamily:
+    """The family registered as ``name`` (case-insensitive, aliases accepted; ``LLAMA3_2`` finds ``llama3_2``).
+
+    Raises:
+        ValueError: listing the registered families when there is none of that name.
+    """
+    family = _find(name)
+    if family is None:
+        _load_builtins()
+        family = _find(name)
+    if family is None:
+        _load_plugins()
+        family = _find(name)
+    if family is None:
+        known = ", ".join(sorted(_FAMILIES)) or "(none)"
+        raise ValueError(f"Unknown model_type {name!r}. Registered model families: {known}.")
+    return family
+
+
+def list_model_families() -> dict[str, ModelFamily]:
+    """Every registered family, built-in and from plugins, by name."""
+    _load_builtins()
+    _load_plugins()
+    return dict(sorted(_FAMILIES.items()))
+
+
+def family_for_hf_model_type(model_type: str) -> ModelFamily:
+    """The family that builds models for a Hugging Face ``config.json`` ``model_type``.
+
+    Raises:
+        ValueError: listing the supported ``model_type`` values when none matches.
+    """
+    families = list_model_families().values()
+    for family in families:
+        if model_type in family.hf_model_types and family.from_hf_config is not None:
+            return family
+    supported = sorted({t for f in families if f.from_hf_config is not None for t in f.hf_model_types})
+    raise ValueError(
+        f"Unsupported Hugging Face model_type {model_type!r}. Supported: {', '.join(supported) or '(none)'}."
+    )
