@@ -1,0 +1,201 @@
+"""Autoregressive generation for a ``TransformerDecoder``, with left-padded batches and an optional KV cache."""
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from tune.generation._sampling import _check_sampling_args, sample
+from tune.modules import get_causal_mask_from_padding_mask, get_position_ids_from_padding_mask
+
+
+def left_pad(
+    prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacks prompts of different lengths into one left-padded batch.
+
+    Args:
+        prompts (Sequence[Sequence[int]]): token ids per prompt, each non-empty.
+        pad_id (int): the padding id.
+        device (torch.device | str | None): device of the result. Default CPU.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: tokens [b, s] int64 and padding mask [b, s] bool (True = real).
+
+    Raises:
+        ValueError: if there are no prompts or one is empty.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate needs at least one prompt and every prompt needs at least one token.")
+    seq_len = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), seq_len), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(prompts), seq_len), dtype=torch.bool, device=device)
+    for row, prompt in enumerate(prompts):
+        tokens[row, seq_len - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+        mask[row, seq_len - len(prompt) :] = True
+    return tokens, mask
+
+
+def _as_batch(
+    prompt: torch.Tensor | Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() not in (1, 2) or prompt.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"prompt must be [seq] or [batch, seq] integer token ids, got shape {tuple(prompt.shape)} and dtype "
+                f"{prompt.dtype}."
+            )
+        tokens = (prompt[None] if prompt.dim() == 1 else prompt).long().to(device)
+        # Only leading pad ids are padding; a pad id after the first real token is an ordinary token.
+        mask = (tokens != pad_id).long().cumsum(dim=-1) > 0
+        if not mask[:, -1].all():
+            rows = (~mask[:, -1]).nonzero().flatten().tolist()
+            raise ValueError(f"prompt rows {rows} are all padding (pad_id={pad_id}); give each row a real token.")
+        return tokens, mask
+    return left_pad(prompt, pad_id, device)
+
+
+def _model_dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:
+    param = next(model.parameters())
+    return param.dtype, param.device
+
+
+def generate(
+    model: nn.Module,
+    prompt: torch.Tensor | Sequence[Sequence[int]],
+    *,
+    max_generated_tokens: int,
+    pad_id: int = 0,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: Sequence[int] | None = None,
+    rng: torch.Generator | None = None,
+    use_cache: bool = True,
+    return_logits: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Generates tokens after each prompt of a batch.
+
+    Prompts of different lengths are left-padded: padding is never attended and positions start at 0 at each
+    row's first real token, so every row computes what it would alone. A row that produced one of
+    ``stop_tokens`` keeps that token and gets ``pad_id`` afterwards; generation ends when every row stopped or
+    ``max_generated_tokens`` were produced.
+
+    With ``use_cache`` the prompt is run once and each new token attends the KV cache (set up here for the
+    batch when the model has none, and removed again afterwards; caches the caller set up are reset and kept).
+    Without it, the whole sequence is recomputed at every step (slow; a reference for tests).
+
+    Args:
+        model (nn.Module): a ``TransformerDecoder`` or anything with its interface: ``forward(tokens, *, mask,
+            input_pos)`` returning [b, s, vocab] logits, and for ``use_cache`` ``setup_caches``,
+            ``caches_are_enabled``, ``reset_caches`` (and ``delete_caches``).
+        prompt (torch.Tensor | Sequence[Sequence[int]]): token ids: [s] or [b, s] already left-padded with
+            ``pad_id`` (leading pad ids are padding), or a list of token-id lists of any lengths.
+        max_generated_tokens (int): most tokens to generate per row.
+        pad_id (int): padding id, for the prompt and for rows that stopped. Default 0.
+        temperature (float): 0 for greedy; otherwise the sampling temperature. Default 1.0.
+        top_k (int | None): sample among the k most likely tokens only. Default None.
+        top_p (float | None): nucleus sampling mass. Default None.
+        stop_tokens (Sequence[int] | None): ids that end a row (e.g. the tokenizer's ``stop_tokens``). Default None.
+        rng (torch.Generator | None): generator for reproducible sampling. Default None.
+        use_cache (bool): use a KV cache. Default True.
+        return_logits (bool): also return the logits each new token was drawn from. Default False.
+
+    Returns:
+        torch.Tensor | tuple[torch.Tensor, torch.Tensor]: generated tokens [b, n] int64 (without the prompt;
+        ``n <= max_generated_tokens``), and with ``return_logits`` also their logits [b, n, vocab] float32.
+
+    Raises:
+        ValueError: for bad sampling arguments, an empty or all-padding prompt, or a sequence longer than the
+            model's ``max_seq_len``.
+        TypeError: if ``use_cache`` is set and the model has no KV-cache methods.
+    """
+    _check_sampling_args(temperature, top_k, top_p)
+    if max_generated_tokens < 1:
+        raise ValueError(f"max_generated_tokens must be at least 1, got {max_generated_tokens}.")
+    dtype, device = _model_dtype_device(model)
+    tokens, padding_mask = _as_batch(prompt, pad_id, device)
+    batch_size, prompt_len = tokens.shape
+    total_len = prompt_len + max_generated_tokens
+    max_seq_len = getattr(model, "max_seq_len", None)
+    if max_seq_len is not None and total_len > max_seq_len:
+        raise ValueError(
+            f"The prompt ({prompt_len} tokens, padded) plus max_generated_tokens ({max_generated_tokens}) is "
+            f"{total_len} tokens, more than the model's max_seq_len {max_seq_len}. Shorten the prompt or generate "
+            "fewer tokens."
+        )
+    if use_cache and not all(hasattr(model, m) for m in ("setup_caches", "caches_are_enabled", "reset_caches")):
+        raise TypeError(
+            f"{type(model).__name__} has no KV-cache methods (setup_caches, caches_are_enabled, reset_caches); "
+            "pass use_cache=False."
+        )
+    # Generated tokens are always real, so the full-sequence mask and positions are known up front.
+    full_mask = torch.cat([padding_mask, padding_mask.new_ones(batch_size, max_generated_tokens)], dim=1)
+    attn_mask = get_causal_mask_from_padding_mask(full_mask)  # [b, total, total]
+    positions = get_position_ids_from_padding_mask(full_mask)  # [b, total]
+    stop = torch.tensor(list(stop_tokens or []), dtype=torch.long, device=device)
+    step = _CachedStep(model, batch_size, dtype, total_len) if use_cache else _FullStep(model)
+    sequence = torch.cat([tokens, tokens.new_full((batch_size, max_generated_tokens), pad_id)], dim=1)
+    done = torch.zeros(batch_size, dtype=torch.bool, device=device)
+    new_logits, num_generated = [], 0
+    try:
+        with torch.no_grad():
+            for cur in range(prompt_len, total_len):
+                logits = step(sequence, cur, attn_mask, positions)  # [b, vocab], predicts position `cur`
+                next_token = sample(logits, temperature, top_k, top_p, rng).masked_fill(done, pad_id)
+                sequence[:, cur] = next_token
+                num_generated += 1
+                if return_logits:
+                    new_logits.append(logits.float())
+                done = done | torch.isin(next_token, stop)
+                if done.all():  # one host sync per step; generation is sequential anyway
+                    break
+    finally:
+        step.close()
+    generated = sequence[:, prompt_len : prompt_len + num_generated]
+    if return_logits:
+        return generated, torch.stack(new_logits, dim=1)
+    return generated
+
+
+class _FullStep:
+    """Recomputes the whole sequence each step (no cache)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __call__(
+        self, sequence: torch.Tensor, cur: int, attn_mask: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        logits = self.model(sequence[:, :cur], mask=attn_mask[:, :cur, :cur], input_pos=positions[:, :cur])
+        return logits[:, -1]
+
+    def close(self) -> None:
+        pass
+
+
+class _CachedStep:
+    """Runs the prompt once, then one token per step against the KV cache."""
+
+    def __init__(self, model: nn.Module, batch_size: int, dtype: torch.dtype, total_len: int) -> None:
+        self.model = model
+        self.owns_cache = not model.caches_are_enabled()
+        if self.owns_cache:
+            model.setup_caches(batch_size=batch_size, dtype=dtype, decoder_max_seq_len=total_len)
+        else:
+            model.reset_caches()
+        self.filled = 0
+
+    def __call__(
+        self, sequence: torch.Tensor, cur: int, attn_mask: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        # Feed the tokens not yet in the cache: the whole prompt first, then the last generated token.
+        start, self.filled = self.filled, cur
+        logits = self.model(
+            sequence[:, start:cur], mask=attn_mask[:, start:cur, :], input_pos=positions[:, start:cur]
+        )
+        return logits[:, -1]
+
+    def close(self) -> None:
+        if self.owns_cache and hasattr(self.model, "delete_caches"):
+            self.model.delete_caches()

@@ -1,0 +1,41 @@
+"""Parameter-efficient fine-tuning: LoRA, DoRA, QLoRA base weights in NF4, and adapter utilities.
+
+``LoRALinear`` and ``DoRALinear`` are explicit layers that builders put where they want adapters;
+``apply_lora`` puts them on the ``nn.Linear`` layers of any model by name. The utilities find, freeze, save,
+merge and disable the adapters of a model.
+"""
+
+from tune.modules.peft._adapter_utils import (
+    LORA_ATTN_MODULES,
+    AdapterModule,
+    disable_adapter,
+    get_adapter_params,
+    get_adapter_state_dict,
+    get_merged_lora_ckpt,
+    is_adapter_key,
+    merge_lora_weights,
+    set_trainable_params,
+    validate_missing_and_unexpected_for_lora,
+)
+from tune.modules.peft._apply_lora import apply_lora
+from tune.modules.peft._dora import DoRALinear
+from tune.modules.peft._lora import LoRALinear, dequantize, is_nf4_tensor, to_nf4
+
+__all__ = [
+    "LORA_ATTN_MODULES",
+    "AdapterModule",
+    "DoRALinear",
+    "LoRALinear",
+    "apply_lora",
+    "dequantize",
+    "disable_adapter",
+    "get_adapter_params",
+    "get_adapter_state_dict",
+    "get_merged_lora_ckpt",
+    "is_adapter_key",
+    "is_nf4_tensor",
+    "merge_lora_weights",
+    "set_trainable_params",
+    "to_nf4",
+    "validate_missing_and_unexpected_for_lora",
+]
