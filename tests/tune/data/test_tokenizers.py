@@ -1,0 +1,198 @@
+"""Text tokenizers (SentencePiece, tiktoken, tokenizer.json) and truncation; chat parity lives in
+tests/tune/models/test_tokenizers_<family>.py."""
+
+import json
+
+import pytest
+
+from tests.tune.data._tiny_tokenizers import qwen_tokenizer_json, sentencepiece_model, tiktoken_file
+from tune.data import HuggingFaceBaseTokenizer, SentencePieceBaseTokenizer, TikTokenBaseTokenizer, truncate
+from tune.data._tokenizers import load_tiktoken_ranks
+from tune.data._tokenizers._tiktoken import _split_long
+from tune.data._tokenizers._utils import token_flags
+from tune.models.llama3._tokenizer import LLAMA3_PATTERN
+
+TEXT = "Hello world, café 12345 naïve!\n\n  two spaces"
+
+
+@pytest.fixture(scope="module")
+def sp():
+    return SentencePieceBaseTokenizer(sentencepiece_model() / "tokenizer.model")
+
+
+@pytest.fixture(scope="module")
+def tiktoken_tokenizer():
+    num_base = len(load_tiktoken_ranks(tiktoken_file()))
+    special = {"<|bos|>": num_base, "<|eos|>": num_base + 1}
+    return TikTokenBaseTokenizer(tiktoken_file(), "tiny", LLAMA3_PATTERN, num_base, num_base + 1, special)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return HuggingFaceBaseTokenizer(qwen_tokenizer_json())
+
+
+class TestSentencePiece:
+    def test_encode_decode_round_trip(self, sp):
+        ids = sp.encode(TEXT)
+        assert ids[0] == sp.bos_id == 1 and ids[-1] == sp.eos_id == 2
+        assert sp.encode(TEXT, add_bos=False, add_eos=False) == ids[1:-1]
+        assert sp.decode(ids) == TEXT
+        assert sp.decode(ids, skip_special_tokens=False) == "<s>" + TEXT + "</s>"
+        assert sp.pad_id == 0  # the model has no pad piece (pad_id -1): 0 as Llama 2 uses
+
+    def test_trim_leading_whitespace_drops_the_dummy_prefix(self, sp):
+        # "▁" alone is a piece here (the dummy prefix before a digit): trimming removes exactly it
+        ids = sp.encode("42", add_bos=False, add_eos=False)
+        assert sp._sp.id_to_piece(ids[0]) == "▁"
+        assert sp.encode("42", add_bos=False, add_eos=False, trim_leading_whitespace=True) == ids[1:]
+
+    def test_offsets_cover_the_text(self, sp):
+        ids, offsets = sp.encode_with_offsets(TEXT)
+        assert ids == sp.encode(TEXT, add_bos=False, add_eos=False)
+        # UTF-8 byte spans, ordered and non-overlapping ("é" and "ï" are two bytes each)
+        assert offsets[0][0] == 0 and offsets[-1][1] == len(TEXT.encode("utf-8")) == len(TEXT) + 2
+        assert all(a[1] <= b[0] for a, b in zip(offsets, offsets[1:]))
+
+    def test_errors_name_the_problem(self, sp, tmp_path):
+        with pytest.raises(FileNotFoundError, match="SentencePiece model not found"):
+            SentencePieceBaseTokenizer(tmp_path / "missing.model")
+        with pytest.raises(ValueError, match="not in this SentencePiece model"):
+            sp.token_id("<|not-a-piece|>")
+
+    def test_added_special_tokens_beyond_the_vocabulary(self):
+        path = sentencepiece_model() / "tokenizer.model"
+        tok = SentencePieceBaseTokenizer(path, special_tokens={"<|end|>": 480})
+        assert tok.vocab_size == 481 and tok.token_id("<|end|>") == 480
+        ids = tok.encode("hi", add_bos=False, add_eos=False) + [480]
+        assert tok.decode(ids) == "hi" and tok.decode(ids, skip_special_tokens=False) == "hi<|end|>"
+
+
+class TestTikToken:
+    def test_file_format(self):
+        ranks = load_tiktoken_ranks(tiktoken_file())
+        assert all(ranks[bytes([b])] == b for b in range(256))  # the 256 single bytes come first
+        assert sorted(ranks.values()) == list(range(len(ranks)))
+
+    def test_encode_decode_round_trip(self, tiktoken_tokenizer):
+        tok = tiktoken_tokenizer
+        ids = tok.encode(TEXT)
+        assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
+        assert tok.decode(ids) == TEXT
+        assert tok.decode(ids, skip_special_tokens=False) == "<|bos|>" + TEXT + "<|eos|>"
+        # special-token strings in text are text
+        assert tok.bos_id not in tok.encode("<|bos|>", add_bos=False, add_eos=False)
+
+    def test_long_runs_are_split_and_still_round_trip(self, tiktoken_tokenizer):
+        text = "a" * 30_000 + " " * 30_000 + "end"
+        pieces = _split_long(text)
+        assert "".join(pieces) == text and len(pieces) > 2
+        assert tiktoken_tokenizer.decode(tiktoken_tokenizer.encode(text)) == text
+
+    def test_offsets_are_contiguous_byte_spans(self, tiktoken_tokenizer):
+        ids, offsets = tiktoken_tokenizer.encode_with_offsets("é😀x")
+        assert tiktoken_tokenizer.decode(ids) == "é😀x"
+        # 2 + 4 + 1 UTF-8 bytes, covered without gaps (a token may hold part of a character)
+        assert offsets[0][0] == 0 and offsets[-1][1] == 7
+        assert all(a[1] == b[0] for a, b in zip(offsets, offsets[1:]))
+
+    def test_malformed_file_names_the_line(self, tmp_path):
+        bad = tmp_path / "tokenizer.model"
+        bad.write_text("YQ== 0\nnot base64!! x\n")
+        with pytest.raises(ValueError, match=r"tokenizer.model:2 is not a tiktoken BPE line"):
+            load_tiktoken_ranks(bad)
+        with pytest.raises(FileNotFoundError, match="tiktoken BPE file not found"):
+            load_tiktoken_ranks(tmp_path / "absent")
+
+
+class TestHuggingFace:
+    def test_ids_from_tokenizer_config(self, hf):
+        assert hf.bos_id is None
+        assert hf.eos_id == hf.token_id("<|im_end|>") and hf.pad_id == hf.token_id("<|endoftext|>")
+
+    def test_generation_config_fallback_and_file_path(self, tmp_path):
+        directory = qwen_tokenizer_json()
+        (tmp_path / "tokenizer.json").write_text((directory / "tokenizer.json").read_text())
+        (tmp_path / "generation_config.json").write_text(json.dumps({"bos_token_id": 7, "eos_token_id": [5, 6]}))
+        tok = HuggingFaceBaseTokenizer(tmp_path / "tokenizer.json")
+        assert (tok.bos_id, tok.eos_id, tok.pad_id) == (7, 5, None)
+
+    def test_encode_decode(self, hf):
+        text = TEXT + " <|im_end|>"
+        ids = hf.encode(text, add_eos=False)
+        assert hf.token_id("<|im_end|>") not in ids  # plain-text encode does not parse special tokens
+        assert hf.decode(ids) == text
+        assert hf.encode("x")[-1] == hf.eos_id
+
+    def test_errors(self, hf, tmp_path):
+        with pytest.raises(FileNotFoundError, match="tokenizer.json not found"):
+            HuggingFaceBaseTokenizer(tmp_path)
+        with pytest.raises(ValueError, match="not in the vocabulary"):
+            hf.token_id("<|nope|>")
+
+
+def test_truncate():
+    assert truncate([1, 2, 3, 4], 3) == [1, 2, 3]
+    assert truncate([1, 2, 3, 4], 3, eos_id=9) == [1, 2, 9]
+    assert truncate([1, 2], 3, eos_id=9) == [1, 2]  # not cut: EOS is not forced
+    with pytest.raises(ValueError, match="positive integer"):
+        truncate([1], 0)
+
+
+def test_token_flags_rule():
+    flags = bytearray([0, 0, 1, 1, 0])
+    # a token overlapping a trained character is trained; an empty span takes the flag where it sits
+    assert token_flags([(0, 2), (1, 3), (4, 5), (2, 2), (5, 5)], flags) == [False, True, False, True, False]
+
+
+def _family_tokenizers():
+    from tests.tune.data._tiny_tokenizers import phi3_tokenizer_dir
+    from tune.models.gemma2._tokenizer import gemma2_tokenizer
+    from tune.models.llama2._tokenizer import llama2_tokenizer
+    from tune.models.llama3._tokenizer import llama3_tokenizer
+    from tune.models.mistral._tokenizer import mistral_tokenizer
+    from tune.models.phi3._tokenizer import phi3_mini_tokenizer
+    from tune.models.qwen2_5._tokenizer import qwen2_5_tokenizer
+    from tune.models.qwen3._tokenizer import qwen3_tokenizer
+
+    sp = str(sentencepiece_model() / "tokenizer.model")
+    return {
+        "llama2": lambda: llama2_tokenizer(sp),
+        "llama3": lambda: llama3_tokenizer(str(tiktoken_file())),
+        "mistral": lambda: mistral_tokenizer(sp),
+        "qwen2_5": lambda: qwen2_5_tokenizer(str(qwen_tokenizer_json())),
+        "qwen3": lambda: qwen3_tokenizer(str(qwen_tokenizer_json(qwen3=True))),
+        "gemma2": lambda: gemma2_tokenizer(str(sentencepiece_model(False, True) / "tokenizer.model")),
+        "phi3": lambda: phi3_mini_tokenizer(str(phi3_tokenizer_dir() / "tokenizer.json")),
+    }
+
+
+@pytest.mark.parametrize("family", ["llama2", "llama3", "mistral", "qwen2_5", "qwen3", "gemma2", "phi3"])
+def test_family_tokenizers_follow_the_protocol_and_pickle(family):
+    import pickle
+
+    from tests.tune.data._tiny_tokenizers import conversation
+    from tune.data import ModelTokenizer, mask_messages
+
+    tok = _family_tokenizers()[family]()
+    assert isinstance(tok, ModelTokenizer)
+    assert tok.eos_id in tok.stop_tokens
+    messages = mask_messages(conversation(system=family != "gemma2"))
+    tokens, mask = tok.tokenize_messages(messages)
+    assert len(tokens) == len(mask) and not all(mask) and any(mask)
+    # datasets.map(num_proc=N) ships the tokenizer to worker processes
+    assert pickle.loads(pickle.dumps(tok)).tokenize_messages(messages) == (tokens, mask)
+
+
+def test_llama3_special_tokens_path(tmp_path):
+    from tune.models.llama3._tokenizer import llama3_special_tokens, llama3_tokenizer
+
+    num_base = len(load_tiktoken_ranks(tiktoken_file()))
+    special = llama3_special_tokens(num_base)
+    special["<|my_renamed_token|>"] = special.pop("<|reserved_special_token_5|>")
+    added = [{"id": i, "content": c, "special": True} for c, i in special.items()]
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": added}))
+    tok = llama3_tokenizer(str(tiktoken_file()), special_tokens_path=str(tmp_path / "tokenizer.json"))
+    assert tok.special_tokens["<|my_renamed_token|>"] == num_base + 13
+    with pytest.raises(FileNotFoundError, match="special_tokens_path"):
+        llama3_tokenizer(str(tiktoken_file()), special_tokens_path=str(tmp_path / "absent.json"))

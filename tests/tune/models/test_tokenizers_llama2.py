@@ -1,0 +1,76 @@
+"""llama2_tokenizer: parity with transformers' apply_chat_template on the real Llama 2 template, exact masks."""
+
+import pytest
+
+from tests.tune.data._tiny_tokenizers import (
+    as_dicts,
+    conversation,
+    hf_ids,
+    legacy_sentencepiece_reference,
+    random_conversations,
+    sentencepiece_model,
+    trained_runs,
+)
+from tune.data import Message, mask_messages
+from tune.models.llama2._tokenizer import llama2_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+# Chat template of meta-llama/Llama-2-7b-chat-hf (tokenizer_config.json), verbatim.
+LLAMA2_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+    "{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return llama2_tokenizer(str(sentencepiece_model() / "tokenizer.model"))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return legacy_sentencepiece_reference(sentencepiece_model(), LLAMA2_TEMPLATE)
+
+
+def test_special_ids(ours):
+    assert (ours.bos_id, ours.eos_id, ours.pad_id, ours.stop_tokens) == (1, 2, 0, [2])
+
+
+def test_encode_matches_transformers(ours, reference):
+    text = "Hello world, café 12345 naïve!\n\n  spaces and ü"
+    expected = reference(text, add_special_tokens=False)["input_ids"]
+    assert ours.encode(text) == [1, *expected, 2]
+    assert ours.decode(ours.encode(text)) == text
+
+
+@pytest.mark.parametrize("system", [True, False])
+def test_chat_parity_and_exact_mask(ours, reference, system):
+    messages = mask_messages(conversation(system=system))
+    tokens, mask = ours.tokenize_messages(messages)
+    assert tokens == hf_ids(reference, as_dicts(messages))
+    # trained: " {answer} </s>"; the leading space is inside the answer's first token ("▁The"), decoded away
+    runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
+    assert runs == [m.content.strip() + " </s>" for m in messages if m.role == "assistant"]
+
+
+def test_system_must_come_first(ours):
+    messages = [Message("user", "hi"), Message("system", "late"), Message("assistant", "ok")]
+    with pytest.raises(ValueError, match="message 1 is a system message"):
+        ours.tokenize_messages(messages)
+    with pytest.raises(ValueError, match="role 'tool'"):
+        ours.tokenize_messages([Message("user", "hi"), Message("tool", "42")])
+
+
+def test_parity_on_random_conversations(ours, reference):
+    for messages in random_conversations(count=25, seed=1):
+        tokens, mask = ours.tokenize_messages(mask_messages(messages))
+        assert tokens == hf_ids(reference, as_dicts(messages)), as_dicts(messages)
+        runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
+        assert runs == [m.content.strip() + " </s>" for m in messages if m.role == "assistant"]

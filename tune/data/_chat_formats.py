@@ -1,0 +1,456 @@
+"""Chat formats: how each model family lays a conversation out as text and special tokens.
+
+A chat format turns a list of :class:`~tune.data.Message` into a list of :class:`Segment` (a piece of text or one
+special token) that says, piece by piece, whether it is trained on. A model tokenizer then encodes the segments
+(see ``tune.data._tokenizers``) so that the tokens are exactly those of the family's Hugging Face chat template,
+and each token is trained on when it overlaps a trained segment.
+
+Which segments are trained follows from ``Message.masked`` (set by a masking strategy, see
+:func:`~tune.data.mask_messages`):
+
+- a turn's *content* and its *end-of-turn* marker are trained when the turn is not masked;
+- a turn's *header* (role marker, BOS before a Llama 2 user turn, the newline between turns) is what a generation
+  prompt supplies, so it is trained only when both the turn and the turn before it are trained. With the default
+  strategy (train on assistant turns) exactly the assistant content and its end-of-turn token are trained; with
+  ``train_on_all`` every token after the first header is;
+- text a template adds on its own (BOS, Qwen 2.5's default system prompt) is never trained.
+
+Every format reproduces the chat template of a named Hugging Face repository; the parity tests
+(tests/tune/models/test_tokenizers_<family>.py) check token equality against ``apply_chat_template``.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tune.data._messages import Message
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of a rendered conversation.
+
+    Args:
+        text (str): the text, or the string of one special token when ``special`` is True.
+        trainable (bool): whether tokens of this piece get a loss.
+        special (bool): the text is a single special token (``<|eot_id|>``, ``</s>``, ...), looked up by name
+            instead of being tokenized.
+    """
+
+    text: str
+    trainable: bool
+    special: bool = False
+
+
+class ChatFormat(Protocol):
+    """Renders a conversation for one model family.
+
+    Attributes:
+        name (str): the family, used in error messages.
+        roles (frozenset[str]): the message roles the format accepts.
+    """
+
+    name: str
+    roles: frozenset[str]
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        """Returns the segments of ``messages``; ``add_end_tokens=False`` leaves the last turn open for generation
+        (no end-of-turn after a final assistant turn; a generation prompt after a final non-assistant turn)."""
+        ...
+
+
+def validate_messages(messages: Any, fmt: ChatFormat) -> list[Message]:
+    """Checks a conversation before rendering and returns it as a list of :class:`Message`.
+
+    Dicts with ``role``/``content`` keys are accepted and converted.
+
+    Raises:
+        TypeError: if ``messages`` is not a list of messages.
+        ValueError: for an empty conversation, a role the format does not support, or content that is not a
+            non-empty string (an empty final assistant turn with ``eot=False``, a generation prefix, is allowed).
+    """
+    if isinstance(messages, (str, bytes, Message)) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages must be a list of Message, got {type(messages).__name__}.")
+    if not messages:
+        raise ValueError("messages is empty: a conversation needs at least one message.")
+    result = []
+    for index, message in enumerate(messages):
+        if isinstance(message, dict):
+            missing = [key for key in ("role", "content") if key not in message]
+            if missing:
+                raise ValueError(f"message {index} has no {' or '.join(map(repr, missing))} key: {message!r:.80}")
+            message = Message.from_dict(message)
+        if not isinstance(message, Message):
+            raise TypeError(f"message {index} must be a Message (or a dict), got {type(message).__name__}.")
+        if message.role not in fmt.roles:
+            raise ValueError(
+                f"message {index} has role {message.role!r}, which the {fmt.name} chat format does not support; "
+                f"supported roles: {', '.join(sorted(fmt.roles))}."
+            )
+        if not isinstance(message.content, str):
+            raise ValueError(
+                f"message {index} ({message.role}) content must be a string, got {type(message.content).__name__}."
+            )
+        is_open_prefix = index == len(messages) - 1 and message.role == "assistant" and not message.eot
+        if not message.content.strip() and not is_open_prefix:
+            raise ValueError(
+                f"message {index} ({message.role}) has empty content {message.content!r}; drop the message or give "
+                "it text (an empty assistant turn is only allowed last, with eot=False, as a generation prompt)."
+            )
+        result.append(message)
+    return result
+
+
+class _Builder:
+    """Collects segments and decides which are trained (see the module docstring for the rule)."""
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self.segments: list[Segment] = []
+        self._trained = [not m.masked for m in messages]
+
+    def _add(self, text: str, trainable: bool, special: bool) -> None:
+        if text:
+            self.segments.append(Segment(text, trainable, special))
+
+    def fixed(self, text: str, special: bool = False) -> None:
+        """Template text that belongs to no message: never trained."""
+        self._add(text, False, special)
+
+    def header(self, index: int, text: str, special: bool = False) -> None:
+        """Lead-in of message ``index``: trained only if it and the message before it are trained."""
+        self._add(text, self._trained[index] and index > 0 and self._trained[index - 1], special)
+
+    def content(self, index: int, text: str, special: bool = False) -> None:
+        self._add(text, self._trained[index], special)
+
+    end = content  # the end-of-turn marker is trained together with the content it closes
+
+    def separator(self, index: int, text: str) -> None:
+        """Text between message ``index`` and the next one: part of the next message's lead-in."""
+        following = index + 1 < len(self._trained) and self._trained[index + 1]
+        self._add(text, self._trained[index] and following, False)
+
+
+def _split_system(messages: Sequence[Message], fmt_name: str) -> tuple[Message | None, list[tuple[int, Message]]]:
+    """For formats that fold the system prompt into the first user turn: the system message and the rest."""
+    system = messages[0] if messages[0].role == "system" else None
+    rest = list(enumerate(messages))[1 if system else 0 :]
+    for index, message in rest:
+        if message.role == "system":
+            raise ValueError(
+                f"message {index} is a system message; the {fmt_name} chat format takes one system message, first."
+            )
+    if system is not None and (not rest or rest[0][1].role != "user"):
+        raise ValueError(
+            f"the {fmt_name} chat format folds the system prompt into the first user turn, so a user message must "
+            "follow the system message."
+        )
+    return system, rest
+
+
+def _open_end(messages: Sequence[Message], index: int, add_end_tokens: bool) -> bool:
+    """Whether message ``index`` gets its end-of-turn tokens."""
+    last = index == len(messages) - 1
+    return messages[index].eot and not (last and not add_end_tokens and messages[index].role == "assistant")
+
+
+def _needs_generation_prompt(messages: Sequence[Message], add_end_tokens: bool) -> bool:
+    return not add_end_tokens and messages[-1].role != "assistant"
+
+
+class Llama2ChatFormat:
+    """Llama 2 chat: ``<s>[INST] <<SYS>>\\n{system}\\n<</SYS>>\\n\\n{user} [/INST] {assistant} </s>``.
+
+    Reproduces the chat template of ``meta-llama/Llama-2-7b-chat-hf`` (content is stripped, BOS opens every user
+    turn, the system prompt is folded into the first user turn).
+    """
+
+    name = "llama2"
+    roles = frozenset({"system", "user", "assistant"})
+
+    def __init__(self, bos_token: str = "<s>", eos_token: str = "</s>") -> None:
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        b = _Builder(messages)
+        system, rest = _split_system(messages, self.name)
+        for position, (i, m) in enumerate(rest):
+            if m.role == "user":
+                b.header(i, self.bos_token, special=True)
+                b.header(i, "[INST] ")
+                if position == 0 and system is not None:
+                    # the template strips "<<SYS>>...user", so only the user text's end is stripped here
+                    b.header(0, "<<SYS>>\n")
+                    b.content(0, system.content)
+                    b.end(0, "\n<</SYS>>\n\n")
+                    b.content(i, m.content.rstrip())
+                else:
+                    b.content(i, m.content.strip())
+                b.end(i, " [/INST]")
+            else:
+                b.header(i, " ")
+                b.content(i, m.content.strip())
+                if _open_end(messages, i, add_end_tokens):
+                    b.end(i, " ")
+                    b.end(i, self.eos_token, special=True)
+        return b.segments
+
+
+class MistralChatFormat:
+    """Mistral instruct: ``<s> [INST] {system}\\n\\n{user} [/INST] {assistant}</s>``.
+
+    Reproduces the chat template of ``mistralai/Mixtral-8x7B-Instruct-v0.1`` (also used by
+    ``Mistral-7B-Instruct-v0.2``): content is not stripped, the system prompt is folded into the first user turn.
+    """
+
+    name = "mistral"
+    roles = frozenset({"system", "user", "assistant"})
+
+    def __init__(self, bos_token: str = "<s>", eos_token: str = "</s>") -> None:
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        b = _Builder(messages)
+        system, rest = _split_system(messages, self.name)
+        b.fixed(self.bos_token, special=True)
+        for position, (i, m) in enumerate(rest):
+            if m.role == "user":
+                b.header(i, " [INST] ")
+                if position == 0 and system is not None:
+                    b.content(0, system.content)
+                    b.end(0, "\n\n")
+                b.content(i, m.content)
+                b.end(i, " [/INST]")
+            else:
+                b.header(i, " ")
+                b.content(i, m.content)
+                if _open_end(messages, i, add_end_tokens):
+                    b.end(i, self.eos_token, special=True)
+        return b.segments
+
+
+class Llama3ChatFormat:
+    """Llama 3 chat: ``<|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>``.
+
+    Reproduces the chat template of ``meta-llama/Meta-Llama-3-8B-Instruct`` (content stripped). Tool results use
+    the ``ipython`` role, as Llama 3.1 names it. The "Cutting Knowledge Date" preamble that the Llama 3.1+
+    templates add to every conversation is not added (torchtune never added it either); pass it as a system
+    message if you want it.
+    """
+
+    name = "llama3"
+    roles = frozenset({"system", "user", "assistant", "tool", "ipython"})
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        b = _Builder(messages)
+        b.fixed("<|begin_of_text|>", special=True)
+        for i, m in enumerate(messages):
+            for text, special in self._header("ipython" if m.role == "tool" else m.role):
+                b.header(i, text, special)
+            b.content(i, m.content.strip())
+            if _open_end(messages, i, add_end_tokens):
+                b.end(i, "<|eot_id|>", special=True)
+        if _needs_generation_prompt(messages, add_end_tokens):
+            for text, special in self._header("assistant"):
+                b.fixed(text, special)
+        return b.segments
+
+    @staticmethod
+    def _header(role: str) -> list[tuple[str, bool]]:
+        """``(text, special)`` pieces of a turn header."""
+        return [("<|start_header_id|>", True), (role, False), ("<|end_header_id|>", True), ("\n\n", False)]
+
+
+QWEN2_5_DEFAULT_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+class _ChatML:
+    """Shared pieces of the ChatML layout ``<|im_start|>{role}\\n{content}<|im_end|>\\n``."""
+
+    name = "chatml"
+    roles = frozenset({"system", "user", "assistant", "tool"})
+
+    def _turn(self, b: _Builder, i: int, role: str, content: str, end: bool) -> None:
+        b.header(i, "<|im_start|>", special=True)
+        b.header(i, role + "\n")
+        b.content(i, content)
+        if end:
+            b.end(i, "<|im_end|>", special=True)
+            b.separator(i, "\n")
+
+    def _tool(self, b: _Builder, messages: Sequence[Message], i: int, end: bool) -> None:
+        # consecutive tool results share one user turn, each wrapped in <tool_response> tags
+        if i == 0 or messages[i - 1].role != "tool":
+            b.header(i, "<|im_start|>", special=True)
+            b.header(i, "user")
+        b.header(i, "\n<tool_response>\n")
+        b.content(i, messages[i].content)
+        b.end(i, "\n</tool_response>")
+        if end and (i == len(messages) - 1 or messages[i + 1].role != "tool"):
+            b.end(i, "<|im_end|>", special=True)
+            b.separator(i, "\n")
+
+    @staticmethod
+    def _generation_prompt(b: _Builder) -> None:
+        b.fixed("<|im_start|>", special=True)
+        b.fixed("assistant\n")
+
+
+class Qwen2_5ChatFormat(_ChatML):
+    """Qwen 2.5 ChatML. Reproduces the chat template of ``Qwen/Qwen2.5-7B-Instruct`` without tools: when the
+    conversation has no system message first, the template's default system prompt
+    (:data:`QWEN2_5_DEFAULT_SYSTEM_PROMPT`) is inserted (never trained); content is not stripped.
+
+    Args:
+        default_system_prompt (str | None): the system prompt inserted when the conversation has none; None
+            inserts nothing (differs from the real template).
+    """
+
+    name = "qwen2_5"
+
+    def __init__(self, default_system_prompt: str | None = QWEN2_5_DEFAULT_SYSTEM_PROMPT) -> None:
+        self.default_system_prompt = default_system_prompt
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        b = _Builder(messages)
+        if messages[0].role != "system" and self.default_system_prompt is not None:
+            b.fixed("<|im_start|>", special=True)
+            b.fixed("system\n" + self.default_system_prompt)
+            b.fixed("<|im_end|>", special=True)
+            b.fixed("\n")
+        for i, m in enumerate(messages):
+            end = _open_end(messages, i, add_end_tokens)
+            if m.role == "tool":
+                self._tool(b, messages, i, end)
+            else:
+                self._turn(b, i, m.role, m.content, end)
+        if _needs_generation_prompt(messages, add_end_tokens):
+            self._generation_prompt(b)
+        return b.segments
+
+
+def _is_tool_response(text: str) -> bool:
+    return text.startswith("<tool_response>") and text.endswith("</tool_response>")
+
+
+class Qwen3ChatFormat(_ChatML):
+    """Qwen 3 ChatML with thinking. Reproduces the chat template of ``Qwen/Qwen3-8B`` without tools.
+
+    For assistant turns the template splits ``<think>...</think>`` reasoning out of the content: turns before the
+    last user query lose their reasoning; turns after it (and the final turn) are written as
+    ``<think>\\n{reasoning}\\n</think>\\n\\n{answer}``. A final assistant turn without reasoning therefore gets an
+    empty ``<think>\\n\\n</think>\\n\\n`` block, as the template writes it; that empty block is treated like a header
+    (the prompt Qwen 3 uses with ``enable_thinking=False``), so it is not trained by default. Reasoning that is
+    present is trained as part of the content.
+
+    Args:
+        enable_thinking (bool): with False, a generation prompt ends in the empty think block, as the template's
+            ``enable_thinking=False`` does. Default True.
+    """
+
+    name = "qwen3"
+
+    def __init__(self, enable_thinking: bool = True) -> None:
+        self.enable_thinking = enable_thinking
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        b = _Builder(messages)
+        last_query = len(messages) - 1
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i].role == "user" and not _is_tool_response(messages[i].content):
+                last_query = i
+                break
+        for i, m in enumerate(messages):
+            end = _open_end(messages, i, add_end_tokens)
+            if m.role == "tool":
+                self._tool(b, messages, i, end)
+            elif m.role == "assistant":
+                self._assistant(b, i, m.content, end, after_query=i > last_query, last=i == len(messages) - 1)
+            else:
+                self._turn(b, i, m.role, m.content, end)
+        if _needs_generation_prompt(messages, add_end_tokens):
+            self._generation_prompt(b)
+            if not self.enable_thinking:
+                b.fixed("<think>\n\n</think>\n\n")
+        return b.segments
+
+    def _assistant(self, b: _Builder, i: int, content: str, end: bool, *, after_query: bool, last: bool) -> None:
+        reasoning = ""
+        if "</think>" in content:
+            reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+            content = content.split("</think>")[-1].lstrip("\n")
+        b.header(i, "<|im_start|>", special=True)
+        b.header(i, "assistant\n")
+        if after_query and (last or reasoning):
+            block = "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n"
+            (b.content if reasoning.strip("\n") else b.header)(i, block)
+            content = content.lstrip("\n")
+        b.content(i, content)
+        if end:
+            b.end(i, "<|im_end|>", special=True)
+            b.separator(i, "\n")
+
+
+class Gemma2ChatFormat:
+    """Gemma 2: ``<bos><start_of_turn>user\\n{content}<end_of_turn>\\n<start_of_turn>model\\n...``.
+
+    Reproduces the chat template of ``google/gemma-2-2b-it`` (content stripped, assistant named ``model``). That
+    template rejects a system message; here a system message is folded into the first user turn followed by a
+    blank line, as the ``google/gemma-3-1b-it`` template does.
+    """
+
+    name = "gemma2"
+    roles = frozenset({"system", "user", "assistant"})
+
+    def __init__(self, bos_token: str = "<bos>") -> None:
+        self.bos_token = bos_token
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        b = _Builder(messages)
+        system, rest = _split_system(messages, self.name)
+        b.fixed(self.bos_token, special=True)
+        for position, (i, m) in enumerate(rest):
+            b.header(i, "<start_of_turn>", special=True)
+            b.header(i, ("model" if m.role == "assistant" else m.role) + "\n")
+            if position == 0 and system is not None:
+                b.content(0, system.content)
+                b.end(0, "\n\n")
+            b.content(i, m.content.strip())
+            if _open_end(messages, i, add_end_tokens):
+                b.end(i, "<end_of_turn>", special=True)
+                b.separator(i, "\n")
+        if _needs_generation_prompt(messages, add_end_tokens):
+            b.fixed("<start_of_turn>", special=True)
+            b.fixed("model\n")
+        return b.segments
+
+
+class Phi3ChatFormat:
+    """Phi-3: ``<|system|>\\n{content}<|end|>\\n<|user|>\\n...<|assistant|>\\n...<|end|>\\n<|endoftext|>``.
+
+    Reproduces the chat template of ``microsoft/Phi-3-mini-4k-instruct``: no BOS, content not stripped, and a
+    closing ``<|endoftext|>`` after the last turn, which is trained when the last turn is (it is what the model
+    emits after its final ``<|end|>``).
+    """
+
+    name = "phi3"
+    roles = frozenset({"system", "user", "assistant"})
+
+    def __init__(self, eos_token: str = "<|endoftext|>") -> None:
+        self.eos_token = eos_token
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        b = _Builder(messages)
+        for i, m in enumerate(messages):
+            b.header(i, f"<|{m.role}|>", special=True)
+            b.header(i, "\n")
+            b.content(i, m.content)
+            if _open_end(messages, i, add_end_tokens):
+                b.end(i, "<|end|>", special=True)
+                b.separator(i, "\n")
+        if _needs_generation_prompt(messages, add_end_tokens):
+            b.fixed("<|assistant|>", special=True)
+            b.fixed("\n")
+        elif add_end_tokens and messages[-1].eot:
+            b.content(len(messages) - 1, self.eos_token, special=True)
+        return b.segments

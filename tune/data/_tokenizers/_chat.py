@@ -1,0 +1,164 @@
+"""A model tokenizer: a text tokenizer plus the family's chat format, producing tokens and an exact loss mask."""
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from tune.data._chat_formats import ChatFormat, Segment, validate_messages
+from tune.data._messages import Message
+from tune.data._tokenizers._utils import truncate
+
+PromptTemplate = Callable[[list[Message]], list[Message]]
+
+
+class TextTokenizer(Protocol):
+    """What :class:`ChatTokenizer` needs from a text tokenizer (SentencePiece, tiktoken, tokenizer.json)."""
+
+    vocab_size: int
+
+    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def token_id(self, token: str) -> int: ...
+
+    def encode_segments(self, segments: Sequence[Segment]) -> tuple[list[int], list[bool]]: ...
+
+
+def resolve_prompt_template(prompt_template: "PromptTemplate | str | None") -> PromptTemplate | None:
+    """A callable, or a dotted path ``"package.module.name"`` to one, applied to messages before rendering.
+
+    Raises:
+        ValueError: if a dotted path cannot be imported or does not name a callable.
+    """
+    if prompt_template is None or callable(prompt_template):
+        return prompt_template
+    if isinstance(prompt_template, str) and "." in prompt_template:
+        module_name, _, attr = prompt_template.rpartition(".")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"prompt_template {prompt_template!r} could not be imported: {e}") from e
+        if callable(obj):
+            return obj() if isinstance(obj, type) else obj
+    raise ValueError(
+        f"prompt_template must be a callable taking and returning a list of Message, or a dotted path to one; "
+        f"got {prompt_template!r}."
+    )
+
+
+class ChatTokenizer:
+    """A family's tokenizer (the ``ModelTokenizer`` protocol): encode/decode text, and turn a conversation into
+    tokens plus a loss mask that covers exactly the trained turns.
+
+    Family builders (``tune.models.llama3.llama3_tokenizer``, ...) construct this with the right text tokenizer,
+    chat format and special ids; use them rather than this class directly.
+
+    Args:
+        tokenizer (TextTokenizer): the text tokenizer.
+        chat_format (ChatFormat): how conversations are laid out.
+        bos_id (int | None): beginning-of-text id (None for families without one, e.g. Qwen).
+        eos_id (int): end-of-text id; replaces the last token of a truncated conversation.
+        pad_id (int): id collators pad with.
+        stop_tokens (Sequence[int]): ids that end generation (end of turn, end of text).
+        special_tokens (Mapping[str, int] | None): named special tokens, for reference.
+        max_seq_len (int | None): conversations are truncated to this many tokens when set.
+        prompt_template (PromptTemplate | str | None): applied to the messages before the chat format.
+
+    Raises:
+        ValueError: for a non-positive ``max_seq_len`` or a bad ``prompt_template``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        chat_format: ChatFormat,
+        *,
+        bos_id: int | None,
+        eos_id: int,
+        pad_id: int,
+        stop_tokens: Sequence[int],
+        special_tokens: Mapping[str, int] | None = None,
+        max_seq_len: int | None = None,
+        prompt_template: "PromptTemplate | str | None" = None,
+    ) -> None:
+        if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 1):
+            raise ValueError(f"max_seq_len must be a positive integer or None, got {max_seq_len!r}.")
+        self.tokenizer = tokenizer
+        self.chat_format = chat_format
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        self.stop_tokens = list(stop_tokens)
+        self.special_tokens = dict(special_tokens or {})
+        self.max_seq_len = max_seq_len
+        self.prompt_template = resolve_prompt_template(prompt_template)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]:
+        """Encodes plain text (no chat format).
+
+        Args:
+            text (str): the text.
+            add_bos (bool): prepend BOS (when the family has one).
+            add_eos (bool): append EOS.
+
+        Returns:
+            list[int]: token ids.
+        """
+        ids = self.tokenizer.encode(text, add_bos=False, add_eos=False)
+        bos = [self.bos_id] if add_bos and self.bos_id is not None else []
+        return bos + ids + ([self.eos_id] if add_eos else [])
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Decodes ids to text (special tokens dropped unless ``skip_special_tokens`` is False)."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        """The chat format's segments for ``messages`` (after validation and the prompt template)."""
+        messages = validate_messages(messages, self.chat_format)
+        if self.prompt_template is not None:
+            messages = validate_messages(self.prompt_template(messages), self.chat_format)
+        return self.chat_format.render(messages, add_end_tokens=add_end_tokens)
+
+    def tokenize_messages(
+        self, messages: Sequence[Message], *, add_end_tokens: bool = True
+    ) -> tuple[list[int], list[bool]]:
+        """Tokens of a conversation and its loss mask.
+
+        Args:
+            messages (Sequence[Message]): the conversation; ``Message.masked`` says which turns get no loss.
+            add_end_tokens (bool): False leaves the conversation open for generation (no end-of-turn after a
+                final assistant turn, a generation prompt after a final user turn).
+
+        Returns:
+            tuple[list[int], list[bool]]: ``(tokens, mask)`` of equal length; ``mask[i]`` is True where token i
+            gets NO loss. When longer than ``max_seq_len`` both are cut, and with ``add_end_tokens`` the last
+            token becomes EOS (masked).
+
+        Raises:
+            TypeError: if messages is not a list of Message.
+            ValueError: for an empty conversation, empty or non-string content (naming the message), or a role
+                the family's format does not support.
+        """
+        tokens, trainable = self.tokenizer.encode_segments(self.render(messages, add_end_tokens=add_end_tokens))
+        mask = [not t for t in trainable]
+        if self.max_seq_len is not None:
+            tokens = truncate(tokens, self.max_seq_len, self.eos_id if add_end_tokens else None)
+            mask = truncate(mask, self.max_seq_len, True if add_end_tokens else None)
+        return tokens, mask
+
+    def __call__(self, sample: Mapping[str, Any], inference: bool = False) -> dict[str, Any]:
+        """Tokenizes ``sample["messages"]``; returns the sample with ``tokens`` and ``mask`` added.
+
+        Args:
+            sample (Mapping[str, Any]): holds ``"messages"``.
+            inference (bool): leave the conversation open for generation (``add_end_tokens=False``).
+
+        Returns:
+            dict[str, Any]: the other keys of ``sample``, plus ``tokens`` and ``mask``.
+        """
+        out = {k: v for k, v in sample.items() if k != "messages"}
+        out["tokens"], out["mask"] = self.tokenize_messages(sample["messages"], add_end_tokens=not inference)
+        return out

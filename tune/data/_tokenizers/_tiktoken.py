@@ -1,0 +1,152 @@
+"""tiktoken-format BPE tokenizer (the Llama 3 family's ``tokenizer.model``: one ``base64(token) rank`` per line)."""
+
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tune.data._chat_formats import Segment
+from tune.data._tokenizers._utils import encode_chunked, require_file
+
+# tiktoken is quadratic on very long runs of whitespace (or of non-whitespace), and refuses strings over ~400k
+# characters; long inputs are cut into pieces that stay under both limits before encoding.
+_MAX_CHARS = 400_000
+_MAX_RUN = 25_000
+
+
+def load_tiktoken_ranks(path: "str | Path") -> dict[bytes, int]:
+    """Reads a tiktoken BPE file: one ``base64(token_bytes) rank`` pair per line.
+
+    Args:
+        path (str | Path): the file.
+
+    Returns:
+        dict[bytes, int]: token bytes -> rank (= token id).
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        ValueError: for a malformed line (its number is given).
+    """
+    path = require_file(path, "tiktoken BPE file", "Pass the tokenizer.model file shipped with the model.")
+    ranks: dict[bytes, int] = {}
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except (ValueError, binascii.Error):
+            raise ValueError(
+                f"{path}:{number} is not a tiktoken BPE line ('<base64 token> <rank>'): {line[:80]!r}. Is this a "
+                "SentencePiece model instead? Use the family's tokenizer builder that matches the file."
+            ) from None
+    return ranks
+
+
+def _split_long(text: str) -> list[str]:
+    """Pieces of ``text`` with at most _MAX_CHARS characters and no same-kind run longer than _MAX_RUN."""
+    if len(text) <= _MAX_RUN:
+        return [text]
+    pieces, start, run, kind = [], 0, 0, None
+    for i, ch in enumerate(text):
+        is_space = ch.isspace()
+        run = run + 1 if is_space == kind else 1
+        kind = is_space
+        if run > _MAX_RUN or i - start >= _MAX_CHARS:
+            pieces.append(text[start:i])
+            start, run = i, 1
+    pieces.append(text[start:])
+    return pieces
+
+
+class TikTokenBaseTokenizer:
+    """Text <-> ids with a tiktoken BPE file, a pre-tokenisation regex and special tokens.
+
+    Args:
+        path (str | Path): the BPE file (``tokenizer.model`` of Llama 3).
+        name (str): a name for the encoding.
+        pattern (str): the pre-tokenisation regex.
+        bos_id (int): id prepended by ``encode(add_bos=True)``.
+        eos_id (int): id appended by ``encode(add_eos=True)``.
+        special_tokens (Mapping[str, int]): special token string -> id (ids after the BPE ranks).
+        ranks (dict[bytes, int] | None): the ranks of ``path`` when already read with :func:`load_tiktoken_ranks`.
+
+    Raises:
+        FileNotFoundError: if ``path`` is not a file.
+        ValueError: for a malformed file.
+    """
+
+    def __init__(
+        self,
+        path: "str | Path",
+        name: str,
+        pattern: str,
+        bos_id: int,
+        eos_id: int,
+        special_tokens: Mapping[str, int],
+        *,
+        ranks: dict[bytes, int] | None = None,
+    ) -> None:
+        import tiktoken
+
+        ranks = load_tiktoken_ranks(path) if ranks is None else ranks
+        self.special_tokens = dict(special_tokens)
+        self._encoding = tiktoken.Encoding(
+            name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.special_tokens
+        )
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.vocab_size: int = self._encoding.n_vocab
+        self._special_ids = frozenset(self.special_tokens.values())
+        self._num_bytes = {rank: len(token) for token, rank in ranks.items()}
+
+    def _encode_text(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in _split_long(text):
+            # special-token strings inside text are plain text: only the chat format inserts special tokens
+            ids.extend(self._encoding.encode(piece, allowed_special=set(), disallowed_special=()))
+        return ids
+
+    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]:
+        """Encodes text (special-token strings in it are encoded as ordinary text).
+
+        Args:
+            text (str): the text.
+            add_bos (bool): prepend BOS.
+            add_eos (bool): append EOS.
+
+        Returns:
+            list[int]: token ids.
+        """
+        return [self.bos_id] * add_bos + self._encode_text(text) + [self.eos_id] * add_eos
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Decodes ids to text, dropping special tokens unless ``skip_special_tokens`` is False."""
+        ids = [int(i) for i in token_ids]
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self._special_ids]
+        return self._encoding.decode(ids)
+
+    def token_id(self, token: str) -> int:
+        """The id of a special token.
+
+        Raises:
+            ValueError: if ``token`` is not one of the special tokens.
+        """
+        try:
+            return self.special_tokens[token]
+        except KeyError:
+            raise ValueError(f"{token!r} is not a special token of this tokenizer.") from None
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids of ``text`` (no BOS/EOS) with each token's UTF-8 byte span in ``text``."""
+        ids = self._encode_text(text)
+        spans, position = [], 0
+        for i in ids:
+            end = position + self._num_bytes[i]
+            spans.append((position, end))
+            position = end
+        return ids, spans
+
+    def encode_segments(self, segments: Sequence[Segment]) -> tuple[list[int], list[bool]]:
+        """Tokens of a rendered conversation and whether each is trainable."""
+        return encode_chunked(segments, self.token_id, self._encode_text, self.encode_with_offsets)

@@ -1,0 +1,49 @@
+"""Gemma / Gemma 2 tokenizer: SentencePiece ``tokenizer.model`` with the ``<start_of_turn>`` chat format."""
+
+from tune.data._chat_formats import Gemma2ChatFormat
+from tune.data._tokenizers import ChatTokenizer, PromptTemplate, SentencePieceBaseTokenizer
+
+
+def gemma2_tokenizer(
+    path: str, max_seq_len: int | None = None, prompt_template: "PromptTemplate | str | None" = None
+) -> ChatTokenizer:
+    """The Gemma tokenizer with the chat format of ``google/gemma-2-2b-it``.
+
+    A system message is folded into the first user turn (followed by a blank line) as Gemma 3's template does;
+    Gemma 2's own template rejects system messages.
+
+    Args:
+        path (str): ``tokenizer.model`` (SentencePiece) of a Gemma or Gemma 2 checkpoint.
+        max_seq_len (int | None): conversations are truncated to this many tokens when set.
+        prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
+
+    Returns:
+        ChatTokenizer: BOS ``<bos>``, EOS ``<eos>``, pad ``<pad>``, stop tokens ``[<eos>, <end_of_turn>]``.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: if the model lacks ``<start_of_turn>``/``<end_of_turn>``.
+    """
+    sp = SentencePieceBaseTokenizer(path)
+    end_of_turn = sp.token_id("<end_of_turn>")
+    return ChatTokenizer(
+        sp,
+        Gemma2ChatFormat(bos_token="<bos>"),
+        bos_id=sp.bos_id,
+        eos_id=sp.eos_id,
+        pad_id=sp.pad_id,
+        stop_tokens=[sp.eos_id, end_of_turn],
+        special_tokens={
+            "<bos>": sp.bos_id,
+            "<eos>": sp.eos_id,
+            "<pad>": sp.pad_id,
+            "<start_of_turn>": sp.token_id("<start_of_turn>"),
+            "<end_of_turn>": end_of_turn,
+        },
+        max_seq_len=max_seq_len,
+        prompt_template=prompt_template,
+    )
+
+
+# torchtune's name for the same builder
+gemma_tokenizer = gemma2_tokenizer
