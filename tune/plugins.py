@@ -26,10 +26,15 @@ GROUP = "tune.plugins"
 class RecipeSpec:
     """A recipe shipped by a plugin.
 
+    ``tune ls`` lists it under its entry-point name, ``tune run NAME --config CONFIG`` runs it, ``tune cp``
+    copies it and its configs, and ``tune validate`` checks its configs against it.
+
     Args:
-        path (str | Path): the recipe's ``.py`` file (a script with a ``recipe_main``).
+        path (str | Path): the recipe's ``.py`` file (a script whose ``recipe_main`` is wrapped in
+            ``tune.config.parse``), as an absolute path, e.g. ``Path(__file__).with_name("my_recipe.py")``.
         configs (tuple[str | Path, ...]): its config files, or directories searched recursively for ``*.yaml``.
-            A config is named by its path relative to the directory (or its file stem), without ``.yaml``.
+            A config is named by its path relative to the directory (or its file stem), without ``.yaml``;
+            a built-in config of the same name wins.
         supports_distributed (bool): whether ``tune run --nproc_per_node N`` may launch it.
     """
 
@@ -97,13 +102,21 @@ def resolve_object(path: str) -> Any:
     """
     if ":" in path:
         module_name, _, attr = path.partition(":")
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            raise ImportError(f"cannot import {path!r}: {err}") from err
+        try:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except AttributeError as err:
+            raise ImportError(f"cannot import {path!r}: {err}") from err
         return obj
     if "." not in path:
         obj = load(path)
         if obj is None:
+            if path.lower() in _failed:
+                raise ImportError(f"the tune plugin {path.lower()!r} failed to load: {_failed[path.lower()]}")
             raise ImportError(f"{path!r} is neither a dotted path nor the name of an installed tune plugin")
         return obj
     parts = path.split(".")

@@ -1,0 +1,170 @@
+"""``tune run [TORCHRUN FLAGS] RECIPE --config CONFIG [key=value ...]``.
+
+Without torchrun flags the recipe runs in this process, as if started with ``python RECIPE.py --config ...``
+(``runpy`` with ``__name__ == "__main__"``). With them it is launched through ``torch.distributed.run`` (the
+``torchrun`` launcher's own argument parser and ``run`` function), once per process.
+"""
+
+import argparse
+import runpy
+import sys
+import warnings
+from collections.abc import Sequence
+
+from tune._cli._common import HelpFormatter, examples
+from tune.config import RecipeError, RecipeInfo, TuneError, configs_of, find_config, find_recipe, list_recipes
+
+_ORIGINAL_SHOWWARNING = warnings.showwarning
+_USAGE = "tune run [TORCHRUN FLAGS] RECIPE --config CONFIG [key=value ...]"
+_DESCRIPTION = """\
+Run a recipe with a config.
+
+  RECIPE   a built-in recipe (`tune ls`), a plugin's recipe, or a path to a .py file (absolute or relative),
+           e.g. lora_finetune_single_device, ./my_recipe.py, /home/me/recipes/my_recipe.py
+  --config CONFIG
+           a shipped config name or a YAML file, e.g. --config llama3_2/1B_lora_single_device, --config my.yaml
+  key=value
+           overrides: batch_size=8, optimizer.lr=2e-5 (dotted keys, YAML values; a value may contain `=`),
+           ~profiler deletes a key, model=tune.models.qwen2_5.lora_qwen2_5_1_5b swaps a component,
+           output_dir=${oc.env:HOME}/runs interpolates
+  TORCHRUN FLAGS
+           given before RECIPE, launch the recipe with torch.distributed.run (torchrun) in several processes,
+           e.g. --nproc_per_node 2, --nnodes 2 --rdzv_endpoint host:29500, --standalone. Only recipes that
+           support distributed runs accept them (`tune ls` says which). `tune run --help-torchrun` lists them all.
+  -h, --help
+           print this help; `tune run RECIPE --help` prints the recipe's own help
+  --help-torchrun
+           print every torchrun flag, e.g. `tune run --help-torchrun`"""
+
+
+def add_parser(subparsers) -> None:
+    # only for `tune --help`: main() hands `tune run ...` to main() below, which parses it itself
+    subparsers.add_parser(
+        "run",
+        help="run a recipe with a config (in this process, or with torchrun flags in several)",
+        usage=_USAGE,
+        description=_DESCRIPTION,
+        formatter_class=HelpFormatter,
+        epilog=_EPILOG,
+        add_help=False,
+    )
+
+
+_EPILOG = examples(
+    "tune run lora_finetune_single_device --config llama3_2/1B_lora_single_device",
+    "tune run lora_finetune_single_device --config my.yaml batch_size=4 dataset.packed=true ~profiler",
+    "tune run ./my_recipe.py --config my.yaml",
+    "tune run --nproc_per_node 2 full_finetune_distributed --config llama3_1/8B_full",
+    "tune run --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint node0:29500 \\",
+    "    full_finetune_distributed --config llama3_1/8B_full",
+)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Runs ``tune run ARGV``; returns the exit status."""
+    argv = list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: {_USAGE}\n\n{_DESCRIPTION}\n\n{_EPILOG}")
+        return 0 if argv else 2
+    if argv[0] == "--help-torchrun":
+        _torchrun_parser().print_help()
+        return 0
+    if argv[0].startswith("-"):
+        return _run_distributed(argv)
+    recipe = find_recipe(argv[0])
+    config_args = _config_args(recipe, argv[1:])
+    return _run_in_process(recipe, config_args)
+
+
+def _config_args(recipe: RecipeInfo, args: list[str]) -> list[str]:
+    """``--config CONFIG rest...`` with CONFIG resolved to a file (or ``args`` unchanged for ``--help``)."""
+    config, rest, help_asked = None, [], False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--config":
+            if i + 1 == len(args):
+                raise TuneError("--config needs a value: a config name (`tune ls`) or a YAML file")
+            config, i = args[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            config = arg.partition("=")[2]
+        elif arg in ("-h", "--help"):
+            help_asked = True
+            rest.append(arg)
+        elif arg.startswith("-"):
+            raise TuneError(
+                f"unexpected flag {arg!r} after the recipe. Recipe arguments are `--config CONFIG key=value ...`; "
+                f"torchrun flags go before the recipe: tune run --nproc_per_node 2 {recipe.name} --config ..."
+            )
+        else:
+            rest.append(arg)
+        i += 1
+    if config is None:
+        if help_asked:
+            return rest
+        known = sorted(configs_of(recipe))
+        hint = f" Its configs: {', '.join(known[:8])}{' ...' if len(known) > 8 else ''}." if known else ""
+        raise TuneError(f"`tune run {recipe.name}` needs --config CONFIG (a config name or a YAML file).{hint}")
+    return ["--config", str(find_config(config).resolve()), *rest]
+
+
+def _run_in_process(recipe: RecipeInfo, args: list[str]) -> int:
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    # what `python recipe.py ...` would see: its own path as argv[0], its folder first on sys.path
+    sys.argv = [str(recipe.path), *args]
+    sys.path.insert(0, str(recipe.path.parent))
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _ORIGINAL_SHOWWARNING
+            runpy.run_path(str(recipe.path), run_name="__main__")
+    except SystemExit as exit_:
+        return _exit_status(exit_.code)
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    return 0
+
+
+def _exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _torchrun_parser() -> argparse.ArgumentParser:
+    from torch.distributed import run as torchrun  # imports torch: only for distributed launches
+
+    parser = torchrun.get_args_parser()
+    parser.prog = "tune run"
+    parser.usage = _USAGE
+    return parser
+
+
+def _run_distributed(argv: list[str]) -> int:
+    parser = _torchrun_parser()
+    args = parser.parse_args(argv)
+    recipe = find_recipe(args.training_script)
+    if not recipe.supports_distributed:
+        flags = " ".join(argv[: len(argv) - len(args.training_script_args) - 1])
+        capable = sorted(name for name, r in list_recipes().items() if r.supports_distributed)
+        hint = f" Recipes that do: {', '.join(capable)}." if capable else ""
+        raise RecipeError(
+            f"recipe {recipe.name!r} does not support distributed runs (RECIPE_INFO in {recipe.path.name} says "
+            f"supports_distributed: False), so torchrun flags ({flags}) cannot launch it. Drop them to run it in "
+            f"one process.{hint}"
+        )
+    args.training_script = str(recipe.path)
+    args.training_script_args = _config_args(recipe, list(args.training_script_args))
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        torchrun.run(args)
+    except ChildFailedError as err:
+        print(f"tune: error: a process of the distributed run failed:\n{err}", file=sys.stderr)
+        return 1
+    return 0

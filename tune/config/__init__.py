@@ -1,0 +1,56 @@
+"""Configs: YAML files with overrides, ``_component_`` instantiation, validation, and recipe/config discovery.
+
+This package and ``tune._cli`` are the only parts of tune (besides recipes) that handle OmegaConf objects;
+components receive plain arguments built by :func:`instantiate`.
+"""
+
+from tune.config._discovery import (
+    RecipeInfo,
+    builtin_configs,
+    builtin_recipes,
+    configs_of,
+    find_config,
+    find_recipe,
+    list_configs,
+    list_recipes,
+    read_recipe_info,
+    recipes_for_config,
+    shipped_config_name,
+    shipped_dirs,
+)
+from tune.config._errors import ConfigError, ConfigProblem, RecipeError, TuneError
+from tune.config._instantiate import get_component_from_path, instantiate
+from tune.config._io import log_config, resolved_yaml, save_config
+from tune.config._load import apply_overrides, load_config, parse_override_value, read_yaml
+from tune.config._parse import parse
+from tune.config._validate import validate_config
+
+__all__ = [
+    "ConfigError",
+    "ConfigProblem",
+    "RecipeError",
+    "RecipeInfo",
+    "TuneError",
+    "apply_overrides",
+    "builtin_configs",
+    "builtin_recipes",
+    "configs_of",
+    "find_config",
+    "find_recipe",
+    "get_component_from_path",
+    "instantiate",
+    "list_configs",
+    "list_recipes",
+    "load_config",
+    "log_config",
+    "parse",
+    "parse_override_value",
+    "read_recipe_info",
+    "read_yaml",
+    "recipes_for_config",
+    "resolved_yaml",
+    "save_config",
+    "shipped_config_name",
+    "shipped_dirs",
+    "validate_config",
+]

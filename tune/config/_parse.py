@@ -1,0 +1,80 @@
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from tune.config._discovery import find_config
+from tune.config._errors import TuneError
+from tune.config._load import load_config
+
+_EPILOG = """\
+overrides:
+  key=value      set a key (dotted for nested keys, YAML values): batch_size=8 optimizer.lr=2e-5
+  ~key           delete a key: ~profiler
+  key=a.b.c      on a component node, swap the component: model=tune.models.llama3_2.lora_llama3_2_3b
+
+TUNE_DEBUG=1 shows Python tracebacks for errors otherwise reported in one line.
+"""
+
+
+def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
+    """Turns ``recipe_main(cfg)`` into a script entry point that reads ``--config FILE [key=value ...]``.
+
+    Use it on a recipe's main function, so the recipe runs both as ``tune run my_recipe.py --config my.yaml``
+    and as ``python my_recipe.py --config my.yaml optimizer.lr=1e-4``::
+
+        @config.parse
+        def recipe_main(cfg: DictConfig) -> None:
+            ...
+
+        if __name__ == "__main__":
+            sys.exit(recipe_main())
+
+    ``--config`` takes a file or the name of a shipped config. A :class:`~tune.config.TuneError` (a bad
+    config, override or name), from loading or from inside ``recipe_main``, is printed as one
+    ``error:`` line and exits with status 1 (``TUNE_DEBUG=1`` raises it with its traceback instead).
+
+    Args:
+        recipe_main (Callable[[DictConfig], Any]): the function taking the loaded config.
+
+    Returns:
+        Callable[..., Any]: ``main(argv=None)``; ``argv`` defaults to ``sys.argv[1:]``.
+    """
+
+    @functools.wraps(recipe_main)
+    def main(argv: Sequence[str] | None = None) -> Any:
+        prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "recipe"
+        args = _parser(prog, recipe_main).parse_intermixed_args(sys.argv[1:] if argv is None else list(argv))
+        try:
+            cfg = load_config(find_config(args.config), args.overrides)
+            return recipe_main(cfg)
+        except TuneError as err:
+            if os.environ.get("TUNE_DEBUG") == "1":
+                raise
+            print(f"{prog}: error: {err}", file=sys.stderr)
+            raise SystemExit(1) from None
+
+    return main
+
+
+def _parser(prog: str, recipe_main: Callable[..., Any]) -> argparse.ArgumentParser:
+    module = sys.modules.get(recipe_main.__module__)
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(module.__doc__ or "").strip() or None,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config",
+        required=True,
+        metavar="CONFIG",
+        help="YAML config file, or the name of a shipped config (e.g. --config my.yaml)",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (see below)")
+    return parser
