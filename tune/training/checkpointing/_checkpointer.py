@@ -1,0 +1,677 @@
+"""Checkpointers: read a model in its published format, hand tune's state dict to the recipe, and write the
+trained model (and LoRA/DoRA adapters, and the recipe state) back in the same format, atomically.
+
+``FullModelHFCheckpointer`` (Hugging Face safetensors/bin, sharded with an index), ``FullModelMetaCheckpointer``
+(``consolidated.00.pth``) and ``FullModelTorchTuneCheckpointer`` (tune's own keys) share one implementation and
+differ only in how keys are converted and which files they expect.
+"""
+
+import json
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tune.modules.peft import dequantize
+from tune.registry import ModelFamily, get_model_family
+from tune.training.checkpointing import _constants as keys
+from tune.training.checkpointing._formats import (
+    PEFT_PREFIX,
+    StateDictConverter,
+    adapter_to_peft,
+    hf_to_meta,
+    merge_adapter,
+    meta_to_hf,
+    peft_to_adapter,
+    split_adapter,
+)
+from tune.training.checkpointing._io import (
+    PICKLE_SUFFIXES,
+    SAFETENSORS_SUFFIX,
+    describe_dir,
+    download_hint,
+    load_weights_file,
+    missing_files_error,
+    read_safetensors_shapes,
+    save_json,
+    save_safetensors,
+    save_torch,
+)
+from tune.training.checkpointing._layout import (
+    atomic_checkpoint_dir,
+    checkpoint_dir_name,
+    find_latest_checkpoint,
+    prune_checkpoints,
+    read_marker,
+    remove_stale_temporaries,
+)
+from tune.training.checkpointing._state import get_rng_state, load_recipe_state, save_config, save_recipe_state
+from tune.utils import get_logger, get_rank
+
+log = get_logger(__name__)
+
+_WEIGHT_SUFFIXES = (SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES)
+# Files of a model directory that are not copied to the output (weights and their indexes are rewritten).
+_NOT_COPIED = {
+    keys.SAFETENSORS_INDEX_FILE,
+    keys.BIN_INDEX_FILE,
+    keys.DOWNLOAD_RECORD_FILE,
+    keys.ADAPTER_CONFIG_FILE,
+    keys.CONFIG_FILE,
+    keys.COMPLETE_MARKER,
+}
+_NON_RECIPE_KEYS = {keys.MODEL_KEY, keys.ADAPTER_KEY, keys.ADAPTER_CONFIG}
+
+
+@dataclass
+class _SourceTensor:
+    file: str  # file name inside checkpoint_dir
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def _resolve_relative(path: str | Path, *bases: Path) -> Path:
+    path = Path(path)
+    if path.is_absolute():
+        return path
+    for base in bases:
+        if (base / path).exists():
+            return base / path
+    return bases[0] / path
+
+
+def _check_dirs(checkpoint_dir: Path, output_dir: Path) -> None:
+    source, target = checkpoint_dir.resolve(), output_dir.resolve()
+    if target == source or source in target.parents:
+        raise ValueError(
+            f"output_dir ({output_dir}) is inside checkpoint_dir ({checkpoint_dir}). Saving there would mix trained "
+            "weights with the originals (and a later run would read them as the base model). Choose an output_dir "
+            "outside checkpoint_dir, e.g. `output_dir=/tmp/my_run`."
+        )
+
+
+def _formatted_files(spec: Mapping[str, Any]) -> list[str]:
+    # torchtune's form: {"filename_format": "model-{}-of-{}.safetensors", "max_filename": "00002"}
+    unknown = set(spec) - {"filename_format", "max_filename"}
+    if unknown or "filename_format" not in spec or "max_filename" not in spec:
+        raise ValueError(
+            f"checkpoint_files as a mapping needs exactly 'filename_format' and 'max_filename', got {sorted(spec)}. "
+            "Example: {filename_format: 'model-{}-of-{}.safetensors', max_filename: '00004'}."
+        )
+    fmt, last = str(spec["filename_format"]), str(spec["max_filename"])
+    if not last.isdigit() or fmt.count("{}") != 2:
+        raise ValueError(
+            f"checkpoint_files: max_filename must be digits (got {last!r}) and filename_format must contain two "
+            f"'{{}}' placeholders (got {fmt!r})."
+        )
+    return [fmt.format(str(index).zfill(len(last)), last) for index in range(1, int(last) + 1)]
+
+
+class _Checkpointer:
+    """Shared implementation; see the public subclasses for the arguments."""
+
+    _default_files: tuple[str, ...] = ()
+    _needs_family = True
+    format_name = ""
+
+    def __init__(
+        self,
+        checkpoint_dir: str | Path,
+        checkpoint_files: list[str] | Mapping[str, Any] | None = None,
+        model_type: str | None = None,
+        output_dir: str | Path | None = None,
+        adapter_checkpoint: str | Path | None = None,
+        recipe_checkpoint: str | Path | None = None,
+        resume_from_checkpoint: bool = False,
+        safe_serialization: bool = True,
+        keep_last_n_checkpoints: int | None = None,
+        save_adapter_weights_only: bool = False,
+    ) -> None:
+        if output_dir is None:
+            raise ValueError(f"{type(self).__name__} needs `output_dir`: the directory the checkpoints are saved to.")
+        self._checkpoint_dir = Path(checkpoint_dir)
+        self._output_dir = Path(output_dir)
+        _check_dirs(self._checkpoint_dir, self._output_dir)
+        if self._needs_family and model_type is None:
+            raise ValueError(f"{type(self).__name__} needs `model_type` (e.g. LLAMA3_2) to convert the weights.")
+        self._model_type = model_type
+        self._family: ModelFamily | None = get_model_family(model_type) if model_type is not None else None
+        self._safe_serialization = safe_serialization
+        self._keep_last_n = keep_last_n_checkpoints
+        if keep_last_n_checkpoints is not None and (
+            isinstance(keep_last_n_checkpoints, bool)
+            or not isinstance(keep_last_n_checkpoints, int)
+            or keep_last_n_checkpoints <= 0
+        ):
+            raise ValueError(
+                "keep_last_n_checkpoints must be a positive integer or null (keep all), got "
+                f"{keep_last_n_checkpoints!r}."
+            )
+        self._save_adapter_weights_only = save_adapter_weights_only
+        self._files = self._resolve_files(checkpoint_files)
+        self._adapter_checkpoint = adapter_checkpoint
+        self._recipe_checkpoint = recipe_checkpoint
+        self._source_layout: dict[str, _SourceTensor] | None = None
+        self._resume_dir = self._find_resume_dir() if resume_from_checkpoint else None
+        self._config: dict[str, Any] = {}
+        self._setup_format()
+        if get_rank() == 0:
+            remove_stale_temporaries(self._output_dir)
+
+    # ----------------------------------------------------------------------------------------- format hooks
+    def _setup_format(self) -> None:
+        """Reads what the format needs besides the weights (config.json, params.json)."""
+
+    def _to_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _from_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _hf_config(self) -> dict[str, Any]:
+        """The HF config dict that the family's converters receive."""
+        return self._config
+
+    # ----------------------------------------------------------------------------------------- input files
+    def _resolve_files(self, spec: list[str] | Mapping[str, Any] | str | None) -> list[Path]:
+        if isinstance(spec, str):
+            spec = [spec]
+        if isinstance(spec, Mapping):
+            names = _formatted_files(spec)
+        elif spec is not None:
+            names = [str(name) for name in spec]
+        else:
+            names = self._discover_files()
+        if not names:
+            raise ValueError(missing_files_error(self._checkpoint_dir, ["(no weight files)"], "Model weights"))
+        paths = [_resolve_relative(name, self._checkpoint_dir) for name in names]
+        missing = [str(name) for name, path in zip(names, paths) if not path.is_file()]
+        if missing:
+            raise ValueError(missing_files_error(self._checkpoint_dir, missing))
+        return paths
+
+    def _discover_files(self) -> list[str]:
+        directory = self._checkpoint_dir
+        if not directory.is_dir():
+            raise ValueError(
+                f"checkpoint_dir {directory} does not exist. Fetch the model with `{download_hint(directory)}`."
+            )
+        for index_name in (keys.SAFETENSORS_INDEX_FILE, keys.BIN_INDEX_FILE):
+            index = directory / index_name
+            if index.is_file():
+                weight_map = json.loads(index.read_text()).get("weight_map", {})
+                return sorted(set(weight_map.values()))
+        present = [name for name in self._default_files if (directory / name).is_file()]
+        if present:
+            return present
+        for suffix in _WEIGHT_SUFFIXES:
+            found = sorted(p.name for p in directory.glob(f"*{suffix}") if p.name != keys.ADAPTER_MODEL_FILE)
+            if found:
+                return found
+        return []
+
+    def _layout(self) -> dict[str, _SourceTensor]:
+        # dtype, shape and file of every tensor of the original checkpoint (headers only for safetensors).
+        if self._source_layout is None:
+            layout = {}
+            for path in self._files:
+                if path.suffix == SAFETENSORS_SUFFIX:
+                    for key, (dtype, shape) in read_safetensors_shapes(path).items():
+                        layout[key] = _SourceTensor(path.name, dtype, shape)
+                else:
+                    for key, tensor in load_weights_file(path).items():
+                        layout[key] = _SourceTensor(path.name, tensor.dtype, tuple(tensor.shape))
+            self._source_layout = layout
+        return self._source_layout
+
+    def _read_files(self, paths: list[Path]) -> dict[str, torch.Tensor]:
+        state_dict: dict[str, torch.Tensor] = {}
+        for path in paths:
+            for key, tensor in load_weights_file(path).items():
+                if key in state_dict:
+                    raise ValueError(f"Key {key!r} appears in more than one checkpoint file (again in {path}).")
+                state_dict[key] = tensor
+        return state_dict
+
+    # ----------------------------------------------------------------------------------------- loading
+    def _find_resume_dir(self) -> Path:
+        latest = find_latest_checkpoint(self._output_dir, format_name=self.format_name)
+        if latest is None:
+            raise ValueError(
+                f"resume_from_checkpoint is true but {self._output_dir} holds no complete intermediate checkpoint "
+                f"(a step_N/ or epoch_N/ directory with {keys.RECIPE_STATE_FILE} and a {keys.COMPLETE_MARKER} "
+                f"marker). It holds: {describe_dir(self._output_dir)}. Set `resume_from_checkpoint: false` to start "
+                "a new run, or point `output_dir` at the run to resume."
+            )
+        log.info(f"Resuming from {latest}.")
+        return latest
+
+    @property
+    def resume_dir(self) -> Path | None:
+        """The checkpoint directory this run resumes from (None when not resuming)."""
+        return self._resume_dir
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        """Loads the model (and, when resuming, the adapter and recipe state) in tune's keys.
+
+        When resuming a LoRA run, the base weights come from ``checkpoint_dir`` and the adapter from the newest
+        checkpoint in ``output_dir``; when resuming a full fine-tune, the weights come from that checkpoint.
+
+        Returns:
+            dict[str, Any]: ``"model"`` (tune state dict); ``"adapter"`` when resuming a LoRA run or when
+            ``adapter_checkpoint`` is set; when resuming, ``"recipe_state"`` and, as in torchtune, each recipe-state
+            entry (``"optimizer"``, ``"epochs_run"``, ``"steps_run"``, ``"dataloader"``, ``"rng_state"``, ...) at
+            the top level too.
+
+        Raises:
+            ValueError: for missing, unsafe or corrupt files, or a resumed model whose shapes differ from the base.
+        """
+        marker = read_marker(self._resume_dir) if self._resume_dir is not None else None
+        if marker is not None and marker.get("model_files") and not marker.get("adapter"):
+            names = [name for name in marker["model_files"] if Path(name).suffix in _WEIGHT_SUFFIXES]
+            resumed = [self._resume_dir / name for name in names]
+            raw = self._read_files(resumed)
+            self._check_resumed_shapes(raw, self._resume_dir)
+        else:
+            raw = self._read_files(self._files)
+        result: dict[str, Any] = {keys.MODEL_KEY: self._to_tune(raw)}
+        adapter_path = self._adapter_checkpoint
+        if adapter_path is None and marker is not None and marker.get("adapter"):
+            adapter_path = self._resume_dir
+        if adapter_path is not None:
+            result[keys.ADAPTER_KEY] = self.load_adapter(adapter_path)
+        if self._resume_dir is not None:
+            recipe_path = self._resume_dir / keys.RECIPE_STATE_FILE
+            if self._recipe_checkpoint is not None:
+                recipe_path = _resolve_relative(self._recipe_checkpoint, self._checkpoint_dir, self._output_dir)
+            state = load_recipe_state(recipe_path)
+            result.update(state)
+            result[keys.RECIPE_STATE_KEY] = state
+        return result
+
+    def _check_resumed_shapes(self, resumed: Mapping[str, torch.Tensor], where: Path) -> None:
+        layout = self._layout()
+        for key, tensor in resumed.items():
+            if key in layout and tuple(tensor.shape) != layout[key].shape:
+                raise ValueError(
+                    f"Shape mismatch for {key!r}: {tuple(tensor.shape)} in the checkpoint {where} but "
+                    f"{layout[key].shape} in the base model {self._checkpoint_dir / layout[key].file}. The output_dir "
+                    "holds a different model; point output_dir at this model's run or set "
+                    "resume_from_checkpoint: false."
+                )
+
+    def load_adapter(self, path: str | Path) -> dict[str, torch.Tensor]:
+        """Loads LoRA/DoRA adapter weights into tune's keys, from our output or any PEFT adapter directory.
+
+        Args:
+            path (str | Path): a directory holding ``adapter_model.safetensors`` (PEFT format or tune keys), a
+                checkpoint directory written by :meth:`save_checkpoint` (its ``adapter/``), or the weights file;
+                relative paths are looked up in ``checkpoint_dir``, then ``output_dir``.
+
+        Returns:
+            dict[str, torch.Tensor]: adapter weights (``layers.0.attn.q_proj.lora_a.weight``, ...), ready for
+            ``model.load_state_dict(adapter, strict=False)`` or :func:`load_adapter_weights`.
+
+        Raises:
+            ValueError: if the file is missing or unsafe, or the PEFT config uses a scaling tune does not implement.
+        """
+        path = _resolve_relative(path, self._checkpoint_dir, self._output_dir)
+        if path.is_dir() and (path / keys.ADAPTER_SUBDIR / keys.ADAPTER_MODEL_FILE).is_file():
+            path = path / keys.ADAPTER_SUBDIR  # a checkpoint directory written by save_checkpoint
+        file = path / keys.ADAPTER_MODEL_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise ValueError(missing_files_error(file.parent, [file.name], "Adapter weights"))
+        config_file = file.parent / keys.ADAPTER_CONFIG_FILE
+        if config_file.is_file():
+            config = json.loads(config_file.read_text())
+            if config.get("use_rslora"):
+                raise ValueError(
+                    f"{config_file} sets use_rslora=true (scaling alpha/sqrt(r)); tune's LoRA scales by alpha/r, so "
+                    "this adapter would compute different outputs. Merge it with PEFT and load the merged model."
+                )
+        state = load_weights_file(file)
+        if any(key.startswith(PEFT_PREFIX) for key in state):
+            hf_to_tune = self._converter("hf_to_tune")
+            return peft_to_adapter(state, hf_to_tune, self._hf_config())
+        return state
+
+    def _converter(self, name: str) -> StateDictConverter:
+        converter = getattr(self._family, name, None) if self._family is not None else None
+        if converter is None:
+            family = self._family.name if self._family is not None else None
+            raise ValueError(
+                f"Converting weights needs the `{name}` converter of a registered model family, but model_type="
+                f"{self._model_type!r} (family {family!r}) provides none. Set `model_type` to a family that does."
+            )
+        return converter
+
+    # ----------------------------------------------------------------------------------------- saving
+    def save_checkpoint(
+        self,
+        state_dict: dict[str, Any],
+        epoch: int | None = None,
+        step: int | None = None,
+        *,
+        intermediate_checkpoint: bool = False,
+        adapter_only: bool = False,
+        config: Mapping[str, Any] | str | None = None,
+    ) -> Path:
+        """Writes a checkpoint to ``output_dir/step_{step}/`` (or ``epoch_{epoch}/`` without a step), atomically.
+
+        Args:
+            state_dict (dict[str, Any]): ``"model"``: tune state dict (merged weights, or a LoRA model's full state
+                dict, whose adapters are then merged for the full-model output); ``"adapter"``: adapter weights
+                (taken from ``"model"`` when absent); ``"adapter_config"``: ``{"r", "lora_alpha", ...}`` (needed
+                with adapters); every other key is recipe state (``"optimizer"``, ``"lr_scheduler"``,
+                ``"epochs_run"``, ``"steps_run"``, ``"dataloader"``, ...), written for intermediate checkpoints,
+                with the RNG states added under ``"rng_state"`` unless given.
+            epoch (int | None): epochs completed.
+            step (int | None): global steps completed; names the directory when given.
+            intermediate_checkpoint (bool): also write ``recipe_state.pt`` so the run can resume. Default False.
+            adapter_only (bool): write only the adapter (no merged model). Default False.
+            config (Mapping[str, Any] | str | None): the resolved run config, written as ``config.yaml``.
+
+        Returns:
+            Path: the published checkpoint directory.
+
+        Raises:
+            ValueError: if neither epoch nor step is given, or adapters come without ``adapter_config``.
+            TypeError: for ``step=True`` (torchtune's positional ``intermediate_checkpoint``), sharded DTensors
+                in ``"model"``, or recipe state that ``torch.load(weights_only=True)`` could not read back.
+        """
+        if isinstance(step, bool):  # torchtune's third positional argument was intermediate_checkpoint
+            raise TypeError(
+                f"save_checkpoint got step={step!r}; pass intermediate_checkpoint by keyword: "
+                "save_checkpoint(state_dict, epoch, step, intermediate_checkpoint=True)."
+            )
+        name = checkpoint_dir_name(epoch, step)
+        model = dict(state_dict.get(keys.MODEL_KEY) or {})
+        _, adapter_in_model = split_adapter(model)
+        adapter = dict(state_dict.get(keys.ADAPTER_KEY) or adapter_in_model)
+        adapter_config = dict(state_dict.get(keys.ADAPTER_CONFIG) or {})
+        if (adapter or adapter_in_model) and "lora_alpha" not in adapter_config:
+            raise ValueError(
+                "The state dict holds LoRA/DoRA adapters but no 'adapter_config' with 'r' and 'lora_alpha'; pass "
+                "state_dict['adapter_config'] = {'r': lora_rank, 'lora_alpha': lora_alpha}."
+            )
+        if adapter_in_model:
+            model = merge_adapter(model, float(adapter_config["lora_alpha"]))
+        write_model = bool(model) and not (adapter_only or self._save_adapter_weights_only)
+        marker: dict[str, Any] = {"format": self.format_name, "epoch": epoch, "global_step": step}
+        with atomic_checkpoint_dir(self._output_dir, name, marker) as directory:
+            marker["model_files"] = self._write_model(model, directory) if write_model else []
+            marker["adapter"] = bool(adapter)
+            if adapter:
+                (directory / keys.ADAPTER_SUBDIR).mkdir()
+                self._write_adapter(adapter, adapter_config, directory / keys.ADAPTER_SUBDIR)
+            marker["recipe_state"] = intermediate_checkpoint
+            if intermediate_checkpoint:
+                recipe_state = {k: v for k, v in state_dict.items() if k not in _NON_RECIPE_KEYS}
+                recipe_state.setdefault(keys.RNG_KEY, get_rng_state())
+                save_recipe_state(recipe_state, directory / keys.RECIPE_STATE_FILE)
+            if config is not None:
+                save_config(config, directory)
+            self._copy_extra_files(directory)
+        final = self._output_dir / name
+        log.info(f"Saved checkpoint to {final} ({', '.join(marker['model_files']) or 'adapter only'}).")
+        prune_checkpoints(self._output_dir, self._keep_last_n)
+        return final
+
+    def _output_name(self, source_name: str) -> str:
+        path = Path(source_name)
+        if self._safe_serialization:
+            if path.suffix == SAFETENSORS_SUFFIX:
+                return source_name
+            return path.stem.replace("pytorch_model", "model") + SAFETENSORS_SUFFIX
+        if path.suffix in PICKLE_SUFFIXES:
+            return source_name
+        return path.stem.replace("model", "pytorch_model", 1) + ".bin"
+
+    def _write_model(self, tune_state: dict[str, torch.Tensor], directory: Path) -> list[str]:
+        sharded = [key for key, value in tune_state.items() if hasattr(value, "full_tensor")]
+        if sharded:
+            raise TypeError(
+                f"The model state dict holds sharded DTensors (e.g. {sharded[0]!r}). Gather it first with "
+                "tune.training.gather_full_state_dict(model) and save on rank 0, or use DistributedCheckpointer."
+            )
+        # NF4 (QLoRA) base weights are written dense, in the dtype they report.
+        converted = self._from_tune({key: dequantize(value) for key, value in tune_state.items()})
+        layout = self._layout()
+        default_file = self._files[-1].name
+        shards: dict[str, dict[str, torch.Tensor]] = {self._output_name(p.name): {} for p in self._files}
+        weight_map = {}
+        for key, tensor in converted.items():
+            source = layout.get(key)
+            tensor = tensor.detach()
+            if source is not None and tensor.is_floating_point() and tensor.dtype != source.dtype:
+                tensor = tensor.to(source.dtype)  # the input's dtype: a bf16 model stays bf16
+            file = self._output_name(source.file if source is not None else default_file)
+            shards[file][key] = tensor
+            weight_map[key] = file
+        written = []
+        for file, shard in shards.items():
+            if not shard:
+                continue
+            if self._safe_serialization:
+                save_safetensors(shard, directory / file)
+            else:
+                save_torch(shard, directory / file)
+            written.append(file)
+        if len(written) > 1 or self._had_index():
+            index_name = keys.SAFETENSORS_INDEX_FILE if self._safe_serialization else keys.BIN_INDEX_FILE
+            total = sum(t.numel() * t.element_size() for shard in shards.values() for t in shard.values())
+            save_json({"metadata": {"total_size": total}, "weight_map": weight_map}, directory / index_name)
+            written.append(index_name)
+        return written
+
+    def _had_index(self) -> bool:
+        return any((self._checkpoint_dir / n).is_file() for n in (keys.SAFETENSORS_INDEX_FILE, keys.BIN_INDEX_FILE))
+
+    def _write_adapter(
+        self, adapter: dict[str, torch.Tensor], adapter_config: Mapping[str, Any], directory: Path
+    ) -> None:
+        if self._family is not None and self._family.tune_to_hf is not None:
+            weights, ranks = adapter_to_peft(adapter, self._family.tune_to_hf, self._hf_config())
+        else:  # no HF mapping known (native format without a family): keep tune's keys
+            weights = dict(adapter)
+            suffix = ".lora_a.weight"
+            ranks = {k[: -len(suffix)]: v.shape[0] for k, v in adapter.items() if k.endswith(suffix)}
+        rank = int(adapter_config.get("r") or max(ranks.values()))
+        use_dora = any(k.endswith("magnitude") for k in adapter)
+        save_safetensors(weights, directory / keys.ADAPTER_MODEL_FILE)
+        save_json(self._peft_config(adapter_config, rank, ranks, use_dora), directory / keys.ADAPTER_CONFIG_FILE)
+
+    def _peft_config(
+        self, adapter_config: Mapping[str, Any], rank: int, ranks: Mapping[str, int], use_dora: bool
+    ) -> dict[str, Any]:
+        return {
+            "base_model_name_or_path": self._base_model_name(),
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": rank,
+            "lora_alpha": float(adapter_config["lora_alpha"]),
+            "lora_dropout": float(adapter_config.get("lora_dropout", 0.0)),
+            "target_modules": sorted({module.rsplit(".", 1)[-1] for module in ranks}),
+            "rank_pattern": {module: r for module, r in ranks.items() if r != rank},
+            "use_dora": use_dora,
+            "use_rslora": False,
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "inference_mode": True,
+            "init_lora_weights": True,
+            "modules_to_save": None,
+        }
+
+    def _base_model_name(self) -> str:
+        record = self._checkpoint_dir / keys.DOWNLOAD_RECORD_FILE
+        if record.is_file():
+            try:
+                repo_id = json.loads(record.read_text()).get("repo_id")
+            except ValueError:
+                repo_id = None
+            if repo_id:
+                return str(repo_id)
+        return str(self._checkpoint_dir.resolve())
+
+    def _copy_extra_files(self, directory: Path) -> None:
+        # config.json, tokenizer files, generation_config.json, params.json, ...: everything but the weights.
+        for path in sorted(self._checkpoint_dir.iterdir()):
+            if not path.is_file() or path.suffix in _WEIGHT_SUFFIXES or path.name in _NOT_COPIED:
+                continue
+            if path.name == keys.RECIPE_STATE_FILE or (directory / path.name).exists():
+                continue
+            shutil.copy2(path, directory / path.name)
+
+
+class FullModelHFCheckpointer(_Checkpointer):
+    """Reads and writes Hugging Face checkpoints: ``config.json`` plus safetensors (or ``.bin``) weights, single
+    or sharded with an index.
+
+    Weights are memory-mapped and converted to tune's keys with the converter that the model family registered
+    (``tune.registry``). Saving writes the same file split, names and dtypes as the input (``.bin`` inputs become
+    safetensors unless ``safe_serialization=False``) with the index, copies ``config.json``, tokenizer and
+    generation files, and for LoRA/DoRA writes ``adapter/adapter_model.safetensors`` + ``adapter/adapter_config.json``
+    in the PEFT format. The output directory loads with ``transformers.AutoModelForCausalLM.from_pretrained`` (the
+    merged model) and ``step_N/adapter`` with ``peft.PeftModel.from_pretrained`` on the base model. (The adapter has
+    its own subdirectory because transformers, given a directory holding a model and an adapter, applies the
+    adapter on top of the already merged weights.)
+
+    Args:
+        checkpoint_dir (str | Path): the downloaded model directory.
+        checkpoint_files (list[str] | Mapping | None): weight files in ``checkpoint_dir``; torchtune's form
+            ``{"filename_format": "model-{}-of-{}.safetensors", "max_filename": "00004"}``; or None to read the
+            index (``model.safetensors.index.json``) or every ``*.safetensors`` file.
+        model_type (str): the model family (``LLAMA3_2``, ``qwen2_5``, ...), looked up in ``tune.registry``.
+        output_dir (str | Path): where ``step_N/`` and ``epoch_N/`` checkpoints go; not inside ``checkpoint_dir``.
+        adapter_checkpoint (str | Path | None): an adapter to load (a PEFT directory or our adapter file),
+            relative to ``checkpoint_dir`` or absolute. Default None.
+        recipe_checkpoint (str | Path | None): an explicit ``recipe_state.pt`` to resume from instead of the
+            newest checkpoint's. Default None.
+        resume_from_checkpoint (bool): resume from the newest complete checkpoint in ``output_dir``. Default False.
+        safe_serialization (bool): write safetensors (True) or ``.bin`` pickles of tensors. Default True.
+        keep_last_n_checkpoints (int | None): delete older checkpoints beyond this many. Default None (keep all).
+        save_adapter_weights_only (bool): for LoRA, write the adapter without the merged model. Default False.
+
+    Raises:
+        ValueError: for missing files (listing the directory and the ``tune download`` command), an
+            ``output_dir`` inside ``checkpoint_dir``, a missing ``config.json``, or an unknown ``model_type``.
+    """
+
+    _default_files = ("model.safetensors",)
+    format_name = "hf"
+
+    def _setup_format(self) -> None:
+        config_path = self._checkpoint_dir / "config.json"
+        if not config_path.is_file():
+            raise ValueError(missing_files_error(self._checkpoint_dir, ["config.json"], "The Hugging Face config"))
+        self._config = json.loads(config_path.read_text())
+
+    def _to_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self._converter("hf_to_tune")(state_dict, self._config)
+
+    def _from_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self._converter("tune_to_hf")(state_dict, self._config)
+
+
+class FullModelMetaCheckpointer(_Checkpointer):
+    """Reads and writes Meta's reference format: ``consolidated.00.pth`` with ``params.json`` (Llama-style models).
+
+    Meta rotates interleaved pairs in RoPE while tune uses the rotate_half layout, so the q/k projections are
+    permuted on the way in and out (:func:`permute_meta_to_hf`); the rest of the key map goes through the family's
+    Hugging Face converter. ``params.json`` (``dim``, ``n_heads``, ``n_kv_heads``) gives the head counts. The
+    output is ``consolidated.00.pth`` in the input's dtype; adapters are written in the PEFT format.
+
+    Args:
+        checkpoint_dir (str | Path): the directory with ``consolidated.00.pth`` and ``params.json``.
+        checkpoint_files (list[str] | None): default ``["consolidated.00.pth"]``; only one file (no
+            model-parallel shards).
+        model_type (str): the model family, looked up in ``tune.registry``.
+        output_dir (str | Path): where checkpoints go.
+        adapter_checkpoint (str | Path | None): as for :class:`FullModelHFCheckpointer`.
+        recipe_checkpoint (str | Path | None): as for :class:`FullModelHFCheckpointer`.
+        resume_from_checkpoint (bool): as for :class:`FullModelHFCheckpointer`.
+        safe_serialization (bool): ignored: the format is a ``torch.save`` file.
+        keep_last_n_checkpoints (int | None): as for :class:`FullModelHFCheckpointer`.
+        save_adapter_weights_only (bool): as for :class:`FullModelHFCheckpointer`.
+
+    Raises:
+        ValueError: for a missing ``params.json`` or several model-parallel shards, besides the errors of
+            :class:`FullModelHFCheckpointer`.
+    """
+
+    _default_files = ("consolidated.00.pth",)
+    format_name = "meta"
+
+    def _setup_format(self) -> None:
+        self._safe_serialization = False  # the format is a torch.save file by definition
+        if len(self._files) != 1:
+            raise ValueError(
+                f"FullModelMetaCheckpointer reads one consolidated file, got {len(self._files)}: "
+                f"{[p.name for p in self._files]}. Model-parallel shards must be merged first."
+            )
+        params_path = self._checkpoint_dir / "params.json"
+        if not params_path.is_file():
+            raise ValueError(missing_files_error(self._checkpoint_dir, ["params.json"], "Meta's model description"))
+        params = json.loads(params_path.read_text())
+        self._num_heads = int(params["n_heads"])
+        self._num_kv_heads = int(params.get("n_kv_heads") or params["n_heads"])
+        dim = int(params["dim"])
+        # What the family's HF converter may read; Meta's own names translated.
+        self._config = {
+            "model_type": "llama",
+            "hidden_size": dim,
+            "num_attention_heads": self._num_heads,
+            "num_key_value_heads": self._num_kv_heads,
+            "head_dim": dim // self._num_heads,
+            "num_hidden_layers": params.get("n_layers"),
+            "vocab_size": params.get("vocab_size"),
+            "rms_norm_eps": params.get("norm_eps"),
+            "tie_word_embeddings": False,
+        }
+
+    def _to_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        hf = meta_to_hf(state_dict, self._num_heads, self._num_kv_heads)
+        return self._converter("hf_to_tune")(hf, self._config)
+
+    def _from_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        hf = self._converter("tune_to_hf")(state_dict, self._config)
+        return hf_to_meta(hf, self._num_heads, self._num_kv_heads)
+
+
+class FullModelTorchTuneCheckpointer(_Checkpointer):
+    """Reads and writes tune's own format: tune's state-dict keys, no conversion, in safetensors (or
+    ``.pt``/``.bin`` read with ``weights_only=True``).
+
+    ``model_type`` is optional; when given (and the directory has a ``config.json``), adapters are written in the
+    PEFT format, otherwise with tune's keys.
+
+    Args:
+        checkpoint_dir (str | Path): the directory with the weights.
+        checkpoint_files (list[str] | Mapping | None): weight files; default every ``*.safetensors`` file.
+        model_type (str | None): the model family, for PEFT adapters. Default None.
+        output_dir (str | Path): where checkpoints go.
+        adapter_checkpoint (str | Path | None): as for :class:`FullModelHFCheckpointer`.
+        recipe_checkpoint (str | Path | None): as for :class:`FullModelHFCheckpointer`.
+        resume_from_checkpoint (bool): as for :class:`FullModelHFCheckpointer`.
+        safe_serialization (bool): write safetensors (True) or ``.pt``-style pickles of tensors. Default True.
+        keep_last_n_checkpoints (int | None): as for :class:`FullModelHFCheckpointer`.
+        save_adapter_weights_only (bool): as for :class:`FullModelHFCheckpointer`.
+    """
+
+    _needs_family = False
+    format_name = "tune"
+
+    def _setup_format(self) -> None:
+        config_path = self._checkpoint_dir / "config.json"
+        self._config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        if not self._config:
+            self._family = None  # without config.json no HF names can be derived: adapters keep tune's keys
+
+    def _to_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return state_dict
+
+    def _from_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(state_dict)

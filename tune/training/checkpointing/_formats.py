@@ -1,0 +1,289 @@
+"""Key maps between tune's state dicts and other formats: Meta's ``consolidated.00.pth`` and PEFT adapters.
+
+tune's attention uses Hugging Face's "rotate_half" RoPE layout, so tune <-> HF is a pure key rename done by each
+family's converter (found through the registry). Meta checkpoints rotate interleaved pairs instead, so their q/k
+projection rows are permuted; the Meta <-> HF map below is the same for every Llama-style family, and Meta <-> tune
+goes through HF.
+"""
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from tune.modules.peft import dequantize
+
+# (Meta key, HF key): the Llama reference layout vs transformers' LlamaForCausalLM; "{}" is the layer index.
+_META_HF_KEYS = [
+    ("tok_embeddings.weight", "model.embed_tokens.weight"),
+    ("norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+    ("layers.{}.attention.wq.weight", "model.layers.{}.self_attn.q_proj.weight"),
+    ("layers.{}.attention.wk.weight", "model.layers.{}.self_attn.k_proj.weight"),
+    ("layers.{}.attention.wv.weight", "model.layers.{}.self_attn.v_proj.weight"),
+    ("layers.{}.attention.wo.weight", "model.layers.{}.self_attn.o_proj.weight"),
+    ("layers.{}.feed_forward.w1.weight", "model.layers.{}.mlp.gate_proj.weight"),
+    ("layers.{}.feed_forward.w2.weight", "model.layers.{}.mlp.down_proj.weight"),
+    ("layers.{}.feed_forward.w3.weight", "model.layers.{}.mlp.up_proj.weight"),
+    ("layers.{}.attention_norm.weight", "model.layers.{}.input_layernorm.weight"),
+    ("layers.{}.ffn_norm.weight", "model.layers.{}.post_attention_layernorm.weight"),
+]
+
+
+def _key_pattern(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(r"\{\}", r"(\d+)") + "$")
+
+
+_META_TO_HF = [(_key_pattern(meta), hf) for meta, hf in _META_HF_KEYS]
+_HF_TO_META = [(_key_pattern(hf), meta) for meta, hf in _META_HF_KEYS]
+# Meta-only buffers with no HF counterpart (precomputed RoPE frequencies).
+_META_IGNORED = re.compile(r"^(rope\.freqs|layers\.\d+\.attention\.inner_attention\.rope\.freqs)$")
+
+
+def permute_meta_to_hf(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Reorders q/k projection rows from Meta's interleaved RoPE pairs to the rotate_half layout.
+
+    Within each head, Meta rotates the pairs ``(0, 1), (2, 3), ...`` of the head dimension; rotate_half rotates
+    ``(i, i + head_dim / 2)``. Row ``2i + j`` of a Meta head becomes row ``j * head_dim / 2 + i``.
+
+    Args:
+        weight (torch.Tensor): ``[num_heads * head_dim, in_dim]``.
+        num_heads (int): heads of this projection (``num_kv_heads`` for k).
+
+    Returns:
+        torch.Tensor: the permuted weight, same shape.
+    """
+    out_dim, in_dim = weight.shape
+    head_dim = out_dim // num_heads
+    # [n_h, h_d/2, 2, in] -> [n_h, 2, h_d/2, in]
+    return weight.view(num_heads, head_dim // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def permute_hf_to_meta(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """The inverse of :func:`permute_meta_to_hf`.
+
+    Args:
+        weight (torch.Tensor): ``[num_heads * head_dim, in_dim]`` in the rotate_half layout.
+        num_heads (int): heads of this projection.
+
+    Returns:
+        torch.Tensor: the weight in Meta's interleaved layout.
+    """
+    out_dim, in_dim = weight.shape
+    head_dim = out_dim // num_heads
+    return weight.view(num_heads, 2, head_dim // 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def meta_to_hf(state_dict: Mapping[str, torch.Tensor], num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor]:
+    """Converts a Llama-style Meta state dict to Hugging Face (LlamaForCausalLM) keys and RoPE layout.
+
+    Args:
+        state_dict (Mapping[str, torch.Tensor]): Meta keys (``layers.0.attention.wq.weight``, ...).
+        num_heads (int): query heads.
+        num_kv_heads (int): key/value heads.
+
+    Returns:
+        dict[str, torch.Tensor]: HF keys.
+
+    Raises:
+        ValueError: naming a key that is not part of the Llama layout.
+    """
+    converted = {}
+    for key, value in state_dict.items():
+        if _META_IGNORED.match(key):
+            continue
+        new_key = _map_key(key, _META_TO_HF, "Meta")
+        if new_key.endswith("q_proj.weight"):
+            value = permute_meta_to_hf(value, num_heads)
+        elif new_key.endswith("k_proj.weight"):
+            value = permute_meta_to_hf(value, num_kv_heads)
+        converted[new_key] = value
+    return converted
+
+
+def hf_to_meta(state_dict: Mapping[str, torch.Tensor], num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor]:
+    """Converts a Llama-style Hugging Face state dict to Meta's keys and interleaved RoPE layout.
+
+    Args:
+        state_dict (Mapping[str, torch.Tensor]): HF keys.
+        num_heads (int): query heads.
+        num_kv_heads (int): key/value heads.
+
+    Returns:
+        dict[str, torch.Tensor]: Meta keys.
+
+    Raises:
+        ValueError: naming a key that has no Meta counterpart.
+    """
+    converted = {}
+    for key, value in state_dict.items():
+        if key.endswith("q_proj.weight"):
+            value = permute_hf_to_meta(value, num_heads)
+        elif key.endswith("k_proj.weight"):
+            value = permute_hf_to_meta(value, num_kv_heads)
+        converted[_map_key(key, _HF_TO_META, "Hugging Face")] = value
+    return converted
+
+
+def _map_key(key: str, table: list[tuple[re.Pattern, str]], source: str) -> str:
+    for pattern, template in table:
+        match = pattern.match(key)
+        if match:
+            return template.format(*match.groups())
+    raise ValueError(
+        f"{source} key {key!r} has no counterpart in the Meta Llama layout (tok_embeddings, layers.N.attention.wq/"
+        "wk/wv/wo, layers.N.feed_forward.w1/w2/w3, attention_norm, ffn_norm, norm, output). This checkpointer "
+        "handles Llama-style models only; use FullModelHFCheckpointer for other families."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LoRA / DoRA adapters
+# ---------------------------------------------------------------------------------------------------------------
+
+# tune adapter parameter suffix -> PEFT suffix. DoRA's magnitude is saved by PEFT without a ".weight".
+_TUNE_TO_PEFT_SUFFIX = {
+    "lora_a.weight": "lora_A.weight",
+    "lora_b.weight": "lora_B.weight",
+    "magnitude": "lora_magnitude_vector",
+}
+_PEFT_TO_TUNE_SUFFIX = {peft: tune for tune, peft in _TUNE_TO_PEFT_SUFFIX.items()}
+_PEFT_TO_TUNE_SUFFIX["lora_magnitude_vector.weight"] = "magnitude"
+PEFT_PREFIX = "base_model.model."
+
+StateDictConverter = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]
+
+
+def is_adapter_key(key: str) -> bool:
+    """Whether ``key`` names a LoRA/DoRA adapter parameter in tune's layout (``lora_a``, ``lora_b``, ``magnitude``)."""
+    return any(key.endswith("." + suffix) or key == suffix for suffix in _TUNE_TO_PEFT_SUFFIX)
+
+
+def split_adapter(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Splits a LoRA model's state dict into (base weights, adapter weights).
+
+    Args:
+        state_dict (Mapping[str, torch.Tensor]): e.g. ``lora_model.state_dict()``.
+
+    Returns:
+        tuple[dict, dict]: the base keys and the adapter keys.
+    """
+    base, adapter = {}, {}
+    for key, value in state_dict.items():
+        (adapter if is_adapter_key(key) else base)[key] = value
+    return base, adapter
+
+
+def _group_by_module(adapter: Mapping[str, torch.Tensor], suffixes: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    # {"layers.0.attn.q_proj": {"lora_a.weight": tensor, ...}}
+    modules: dict[str, dict[str, Any]] = {}
+    for key, value in adapter.items():
+        for suffix in suffixes:
+            if key.endswith("." + suffix):
+                modules.setdefault(key[: -len(suffix) - 1], {})[suffix] = value
+                break
+        else:
+            raise ValueError(f"{key!r} is not a LoRA/DoRA parameter (expected a key ending in {sorted(suffixes)}).")
+    return modules
+
+
+def _map_module(prefix: str, shape: tuple[int, int], converter: StateDictConverter, config: Mapping[str, Any]) -> str:
+    # Convert the module's (imagined) base weight alone, on the meta device, to learn the module's name over there.
+    probe = {f"{prefix}.weight": torch.empty(shape, device="meta")}
+    converted = converter(probe, config)
+    if len(converted) != 1 or not next(iter(converted)).endswith(".weight"):
+        raise ValueError(
+            f"Cannot map the adapter of module {prefix!r}: the family's converter maps its weight to "
+            f"{sorted(converted)} rather than to one '<module>.weight' key (fused projections are not supported)."
+        )
+    return next(iter(converted))[: -len(".weight")]
+
+
+def _base_shape(parts: Mapping[str, torch.Tensor], prefix: str, a: str, b: str) -> tuple[int, int]:
+    if a not in parts or b not in parts:
+        raise ValueError(f"Adapter of module {prefix!r} lacks {a!r} or {b!r}; found {sorted(parts)}.")
+    return (parts[b].shape[0], parts[a].shape[1])
+
+
+def adapter_to_peft(
+    adapter: Mapping[str, torch.Tensor], converter: StateDictConverter, hf_config: Mapping[str, Any]
+) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Converts tune adapter weights to PEFT's keys (``base_model.model.<HF module>.lora_A.weight``, ...).
+
+    Args:
+        adapter (Mapping[str, torch.Tensor]): tune keys ending in ``lora_a.weight``, ``lora_b.weight``, ``magnitude``.
+        converter (StateDictConverter): the family's ``tune_to_hf``.
+        hf_config (Mapping[str, Any]): the HF ``config.json`` as a dict.
+
+    Returns:
+        tuple[dict, dict]: the PEFT state dict, and the rank of each adapted module by HF module name.
+    """
+    peft_state, ranks = {}, {}
+    for prefix, parts in _group_by_module(adapter, _TUNE_TO_PEFT_SUFFIX).items():
+        shape = _base_shape(parts, prefix, "lora_a.weight", "lora_b.weight")
+        hf_module = _map_module(prefix, shape, converter, hf_config)
+        ranks[hf_module] = parts["lora_a.weight"].shape[0]
+        for suffix, value in parts.items():
+            peft_state[f"{PEFT_PREFIX}{hf_module}.{_TUNE_TO_PEFT_SUFFIX[suffix]}"] = value
+    return peft_state, ranks
+
+
+def peft_to_adapter(
+    peft_state: Mapping[str, torch.Tensor], converter: StateDictConverter, hf_config: Mapping[str, Any]
+) -> dict[str, torch.Tensor]:
+    """Converts a PEFT adapter state dict back to tune's adapter keys.
+
+    Args:
+        peft_state (Mapping[str, torch.Tensor]): keys as in ``adapter_model.safetensors``.
+        converter (StateDictConverter): the family's ``hf_to_tune``.
+        hf_config (Mapping[str, Any]): the HF ``config.json`` as a dict.
+
+    Returns:
+        dict[str, torch.Tensor]: tune adapter keys (``layers.0.attn.q_proj.lora_a.weight``, ...).
+
+    Raises:
+        ValueError: for keys that are not LoRA/DoRA parameters (e.g. ``modules_to_save`` or LoRA biases).
+    """
+    stripped = {key.removeprefix(PEFT_PREFIX): value for key, value in peft_state.items()}
+    adapter = {}
+    for hf_module, parts in _group_by_module(stripped, _PEFT_TO_TUNE_SUFFIX).items():
+        shape = _base_shape(parts, hf_module, "lora_A.weight", "lora_B.weight")
+        prefix = _map_module(hf_module, shape, converter, hf_config)
+        for suffix, value in parts.items():
+            adapter[f"{prefix}.{_PEFT_TO_TUNE_SUFFIX[suffix]}"] = value
+    return adapter
+
+
+def merge_adapter(state_dict: Mapping[str, torch.Tensor], lora_alpha: float) -> dict[str, torch.Tensor]:
+    """Folds LoRA/DoRA adapters into their base weights, returning a plain model state dict.
+
+    LoRA: ``W + (alpha / r) B A``. DoRA: ``m / ||W + (alpha / r) B A||_row * (W + (alpha / r) B A)``. Each module's
+    rank ``r`` is read from its ``lora_a`` shape. The math runs in fp32 and the result takes the base weight's dtype
+    (NF4 bases are dequantised).
+
+    Args:
+        state_dict (Mapping[str, torch.Tensor]): a LoRA model's state dict (base and adapter keys).
+        lora_alpha (float): the adapters' alpha.
+
+    Returns:
+        dict[str, torch.Tensor]: base keys only, adapters merged.
+
+    Raises:
+        ValueError: if an adapter's base weight is missing.
+    """
+    base, adapter = split_adapter(state_dict)
+    merged = dict(base)
+    for prefix, parts in _group_by_module(adapter, _TUNE_TO_PEFT_SUFFIX).items():
+        key = f"{prefix}.weight"
+        if key not in base:
+            raise ValueError(f"Cannot merge the adapter of {prefix!r}: its base weight {key!r} is missing.")
+        weight = dequantize(base[key])
+        rank = parts["lora_a.weight"].shape[0]
+        delta = (lora_alpha / rank) * (parts["lora_b.weight"].float() @ parts["lora_a.weight"].float())
+        adapted = weight.float() + delta
+        if "magnitude" in parts:
+            norm = torch.linalg.norm(adapted, dim=1)  # [out_dim]
+            adapted = (parts["magnitude"].float() / norm).view(-1, 1) * adapted
+        merged[key] = adapted.to(weight.dtype)
+    return merged

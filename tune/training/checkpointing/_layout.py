@@ -1,0 +1,240 @@
+"""Where checkpoints go and how they are published: ``output_dir/step_N/`` or ``output_dir/epoch_N/``.
+
+A checkpoint is written into a hidden temporary directory next to its final place, completed with a
+``.complete`` marker (JSON describing it), flushed to disk and renamed. A directory without the marker is never
+used, so a crash during a save leaves the previous checkpoints as they were.
+"""
+
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tune.training.checkpointing._constants import COMPLETE_MARKER
+from tune.training.checkpointing._io import fsync_dir, save_json
+from tune.utils import get_logger
+
+log = get_logger(__name__)
+
+_CHECKPOINT_NAME = re.compile(r"^(step|epoch)_(\d+)$")
+_TEMP_PREFIX = ".tmp_"
+_OLD_PREFIX = ".old_"
+
+
+def checkpoint_dir_name(epoch: int | None = None, step: int | None = None) -> str:
+    """The directory name of a checkpoint: ``step_{step}`` when a step is given, else ``epoch_{epoch}``.
+
+    Args:
+        epoch (int | None): epochs completed.
+        step (int | None): global optimizer steps completed.
+
+    Returns:
+        str: ``"step_N"`` or ``"epoch_N"``.
+
+    Raises:
+        ValueError: if neither is given or one is negative.
+    """
+    if step is None and epoch is None:
+        raise ValueError("save_checkpoint needs `epoch` or `step` to name the checkpoint directory; got neither.")
+    value, kind = (step, "step") if step is not None else (epoch, "epoch")
+    if int(value) < 0:
+        raise ValueError(f"{kind} must be >= 0 to name a checkpoint, got {value}.")
+    return f"{kind}_{int(value)}"
+
+
+def should_save_checkpoint(global_step: int, save_every_n_steps: int | None) -> bool:
+    """Whether a recipe saves an intermediate checkpoint after optimizer step ``global_step``.
+
+    Args:
+        global_step (int): optimizer steps completed so far (1 after the first step).
+        save_every_n_steps (int | None): the ``save_every_n_steps`` config key; ``None`` saves at epoch ends only.
+
+    Returns:
+        bool: True every ``save_every_n_steps`` steps.
+
+    Raises:
+        ValueError: if ``save_every_n_steps`` is not a positive integer or None.
+    """
+    if save_every_n_steps is None:
+        return False
+    if isinstance(save_every_n_steps, bool) or not isinstance(save_every_n_steps, int) or save_every_n_steps <= 0:
+        raise ValueError(
+            f"save_every_n_steps must be a positive integer or null, got {save_every_n_steps!r}. "
+            "Set `save_every_n_steps: null` to save only at the end of each epoch."
+        )
+    return global_step > 0 and global_step % save_every_n_steps == 0
+
+
+def read_marker(checkpoint_path: str | Path) -> dict[str, Any] | None:
+    """The ``.complete`` marker of a checkpoint directory, or None when the checkpoint is incomplete.
+
+    Args:
+        checkpoint_path (str | Path): a ``step_N``/``epoch_N`` directory.
+
+    Returns:
+        dict | None: the marker's content.
+    """
+    marker = Path(checkpoint_path) / COMPLETE_MARKER
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def list_complete_checkpoints(output_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every complete checkpoint in ``output_dir``, oldest first.
+
+    Args:
+        output_dir (str | Path): the recipe's ``output_dir``.
+
+    Returns:
+        list[tuple[Path, dict]]: ``(directory, marker)`` pairs ordered by the time they were saved.
+    """
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for path in output_dir.iterdir():
+        if path.is_dir() and _CHECKPOINT_NAME.match(path.name):
+            marker = read_marker(path)
+            if marker is not None:
+                found.append((path, marker))
+    # saved_at orders checkpoints of one run; the step breaks ties of equal timestamps (coarse clocks).
+    found.sort(key=lambda item: (item[1].get("saved_at", 0), item[1].get("global_step") or -1))
+    return found
+
+
+def find_latest_checkpoint(
+    output_dir: str | Path, *, require_recipe_state: bool = True, format_name: str | None = None
+) -> Path | None:
+    """The newest complete checkpoint in ``output_dir`` (what ``resume_from_checkpoint: true`` resumes from).
+
+    Args:
+        output_dir (str | Path): the recipe's ``output_dir``.
+        require_recipe_state (bool): consider only checkpoints holding ``recipe_state.pt`` (intermediate ones, that
+            a run can resume from). Default True.
+        format_name (str | None): consider only checkpoints written in this format (``"hf"``, ``"meta"``,
+            ``"tune"``, ``"dcp"``). Default None (any).
+
+    Returns:
+        Path | None: its directory, or None when there is none.
+    """
+    candidates = [
+        path
+        for path, marker in list_complete_checkpoints(output_dir)
+        if (marker.get("recipe_state") or not require_recipe_state)
+        and (format_name is None or marker.get("format") == format_name)
+    ]
+    return candidates[-1] if candidates else None
+
+
+def prune_checkpoints(output_dir: str | Path, keep_last_n: int | None) -> list[Path]:
+    """Deletes all but the newest ``keep_last_n`` complete checkpoints.
+
+    Args:
+        output_dir (str | Path): the recipe's ``output_dir``.
+        keep_last_n (int | None): how many to keep; None keeps all.
+
+    Returns:
+        list[Path]: the directories removed.
+
+    Raises:
+        ValueError: if ``keep_last_n`` is not a positive integer or None.
+    """
+    if keep_last_n is None:
+        return []
+    if isinstance(keep_last_n, bool) or not isinstance(keep_last_n, int) or keep_last_n <= 0:
+        raise ValueError(
+            f"keep_last_n_checkpoints must be a positive integer or null (keep all), got {keep_last_n!r}."
+        )
+    complete = list_complete_checkpoints(output_dir)
+    removed = [path for path, _ in complete[: max(0, len(complete) - keep_last_n)]]
+    for path in removed:
+        # Unpublish first (rename is atomic), so a crash mid-delete never leaves a half checkpoint that looks whole.
+        doomed = path.with_name(f"{_OLD_PREFIX}{path.name}_{os.getpid()}")
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        log.info(f"Removed old checkpoint {path} (keep_last_n_checkpoints={keep_last_n}).")
+    return removed
+
+
+def remove_stale_temporaries(output_dir: str | Path) -> None:
+    """Removes the temporary directories that a crashed save left behind in ``output_dir``.
+
+    Args:
+        output_dir (str | Path): the recipe's ``output_dir``.
+    """
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return
+    for path in output_dir.iterdir():
+        if path.is_dir() and path.name.startswith((_TEMP_PREFIX, _OLD_PREFIX)):
+            log.warning(f"Removing {path}, left by an interrupted checkpoint save.")
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def temporary_dir_for(output_dir: str | Path, name: str) -> Path:
+    """The temporary directory a checkpoint named ``name`` is written into before it is published.
+
+    The name is deterministic so that every rank of a distributed save writes into the same directory.
+    """
+    return Path(output_dir) / f"{_TEMP_PREFIX}{name}"
+
+
+def publish_checkpoint(temp_dir: str | Path, final_dir: str | Path, marker: Mapping[str, Any]) -> Path:
+    """Completes ``temp_dir`` with its marker, flushes it and renames it to ``final_dir``.
+
+    An existing ``final_dir`` (the same step saved again) is replaced.
+
+    Args:
+        temp_dir (str | Path): the fully written temporary directory.
+        final_dir (str | Path): the checkpoint's final place.
+        marker (Mapping[str, Any]): what the ``.complete`` marker records (files, step, epoch, ...).
+
+    Returns:
+        Path: ``final_dir``.
+    """
+    temp_dir, final_dir = Path(temp_dir), Path(final_dir)
+    save_json({**marker, "saved_at": time.time_ns()}, temp_dir / COMPLETE_MARKER)
+    fsync_dir(temp_dir)
+    old = None
+    if final_dir.exists():
+        old = final_dir.with_name(f"{_OLD_PREFIX}{final_dir.name}_{os.getpid()}")
+        os.replace(final_dir, old)
+    os.replace(temp_dir, final_dir)
+    fsync_dir(final_dir.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final_dir
+
+
+@contextmanager
+def atomic_checkpoint_dir(output_dir: str | Path, name: str, marker: dict[str, Any]) -> Iterator[Path]:
+    """Context manager yielding a temporary directory that becomes ``output_dir/name`` when the block succeeds.
+
+    Fill ``marker`` inside the block (it is written as ``.complete``); on an exception the temporary directory
+    is removed and nothing is published.
+
+    Args:
+        output_dir (str | Path): the recipe's ``output_dir``.
+        name (str): ``step_N`` or ``epoch_N``.
+        marker (dict[str, Any]): the marker content, which the block may extend.
+
+    Yields:
+        Path: the temporary directory to write into.
+    """
+    temp_dir = temporary_dir_for(output_dir, name)
+    if temp_dir.exists():
+        shutil.rmtree(temp_dir)
+    temp_dir.mkdir(parents=True)
+    try:
+        yield temp_dir
+    except BaseException:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    publish_checkpoint(temp_dir, Path(output_dir) / name, marker)

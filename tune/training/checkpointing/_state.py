@@ -1,0 +1,163 @@
+"""Recipe state beyond the weights: RNG states, the resolved config, ``recipe_state.pt``."""
+
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tune.training.checkpointing._constants import CONFIG_FILE
+from tune.training.checkpointing._io import fsync_file, safe_torch_load, save_torch
+
+
+def get_rng_state() -> dict[str, Any]:
+    """The states of Python's, NumPy's and torch's global random generators (CPU and every CUDA device).
+
+    Everything is stored as tensors and plain containers, so ``torch.load(weights_only=True)`` reads it back.
+
+    Returns:
+        dict[str, Any]: keys ``python``, ``numpy``, ``torch`` and, where CUDA is initialised, ``cuda``.
+    """
+    version, internal, gauss_next = random.getstate()
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss_next},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restores the generator states captured by :func:`get_rng_state`.
+
+    Args:
+        state (Mapping[str, Any]): the dict :func:`get_rng_state` returned (possibly saved and loaded).
+
+    Raises:
+        ValueError: if a key is missing.
+    """
+    missing = {"python", "numpy", "torch"} - set(state)
+    if missing:
+        raise ValueError(f"RNG state lacks {sorted(missing)}; expected the dict returned by get_rng_state().")
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    npy = state["numpy"]
+    keys = npy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _plain(value: Any) -> Any:
+    # Turns any mapping (a dict, an OmegaConf DictConfig: its values resolve as they are read) into plain data.
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def config_to_yaml(config: Mapping[str, Any] | str) -> str:
+    """Renders a resolved config as YAML.
+
+    Args:
+        config (Mapping[str, Any] | str): a dict, any mapping (such as an OmegaConf ``DictConfig``, whose
+            interpolations are resolved as it is read), or YAML text (returned unchanged).
+
+    Returns:
+        str: the YAML text.
+
+    Raises:
+        TypeError: for anything else.
+    """
+    if isinstance(config, str):
+        return config if config.endswith("\n") else config + "\n"
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"config must be a mapping (dict or DictConfig) or YAML text, got {type(config).__name__}."
+        )
+    import yaml
+
+    return yaml.safe_dump(_plain(config), sort_keys=False, default_flow_style=False)
+
+
+def save_config(config: Mapping[str, Any] | str, directory: str | Path) -> Path:
+    """Writes the resolved config as ``config.yaml`` in ``directory``.
+
+    Args:
+        config (Mapping[str, Any] | str): see :func:`config_to_yaml`.
+        directory (str | Path): where to write it.
+
+    Returns:
+        Path: the file written.
+    """
+    path = Path(directory) / CONFIG_FILE
+    path.write_text(config_to_yaml(config))
+    fsync_file(path)
+    return path
+
+
+def save_recipe_state(state: Mapping[str, Any], path: str | Path) -> None:
+    """Writes the recipe state (optimizer, LR scheduler, progress, data-loader position, RNG states).
+
+    Args:
+        state (Mapping[str, Any]): tensors and plain containers only.
+        path (str | Path): the ``recipe_state.pt`` file to write.
+
+    Raises:
+        TypeError: naming the first value that :func:`load_recipe_state` could not read back.
+    """
+    _check_plain(state, "recipe_state")
+    save_torch(dict(state), path)
+
+
+def load_recipe_state(path: str | Path) -> dict[str, Any]:
+    """Reads ``recipe_state.pt`` with ``weights_only=True`` (tensors and plain containers only).
+
+    Args:
+        path (str | Path): the file.
+
+    Returns:
+        dict[str, Any]: the recipe state.
+
+    Raises:
+        ValueError: if the file is missing, corrupt or holds other objects.
+    """
+    if not Path(path).is_file():
+        raise ValueError(f"Recipe state {path} does not exist; the checkpoint cannot be resumed.")
+    state = safe_torch_load(path, mmap=False)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a {type(state).__name__}, expected the recipe-state dict.")
+    return state
+
+
+_PLAIN_TYPES = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
+
+
+def _check_plain(value: Any, where: str) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_plain(item, f"{where}[{key!r}]")
+    elif isinstance(value, (list, tuple, set)):
+        for index, item in enumerate(value):
+            _check_plain(item, f"{where}[{index}]")
+    elif not isinstance(value, _PLAIN_TYPES):
+        raise TypeError(
+            f"{where} is a {type(value).__module__}.{type(value).__name__}, which the checkpoint cannot store: "
+            "recipe state is read back with torch.load(weights_only=True), so it may hold only tensors, numbers, "
+            "strings and dicts/lists/tuples of them. Save its state_dict() or plain values instead."
+        )
