@@ -1,0 +1,91 @@
+"""Memory statistics and OptimizerInBackward (compared with a plain optimizer step on the same gradients)."""
+
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from tune.training import OptimizerInBackward, get_memory_stats, reset_peak_memory_stats
+
+
+def test_cpu_memory_stats_report_process_rss():
+    stats = get_memory_stats("cpu")
+    assert set(stats) == {"peak_memory_rss", "memory_rss"}
+    # torch alone keeps well over 50 MiB resident; the peak can never be below the current value
+    assert 0.05 < stats["memory_rss"] <= stats["peak_memory_rss"]
+    big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    peak_with_big = get_memory_stats("cpu")["peak_memory_rss"]
+    del big
+    if reset_peak_memory_stats("cpu"):  # Linux: the peak restarts from the current RSS, without the freed 64 MiB
+        assert get_memory_stats("cpu")["peak_memory_rss"] < peak_with_big - 0.03
+    with pytest.raises(ValueError, match="cpu, cuda or mps"):
+        get_memory_stats("meta")
+
+
+def _model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
+    model[0].bias.requires_grad_(False)  # a frozen parameter gets no optimizer
+    return model
+
+
+def _loss(model, step):
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(step))
+    return model(x).pow(2).sum()
+
+
+def test_optimizer_in_backward_matches_a_regular_optimizer_step():
+    reference, model = _model(), _model()
+    ref_opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=0.05)
+    opt = OptimizerInBackward(model.named_parameters(), torch.optim.AdamW, lr=0.05)
+    assert set(opt.optimizers) == {"0.weight", "2.weight", "2.bias"}
+    for step in range(3):
+        _loss(reference, step).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        _loss(model, step).backward()  # the update happens here
+        assert all(p.grad is None for p in model.parameters())  # gradients were freed right after each step
+        opt.step()
+        opt.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-7, rtol=0, msg=name)
+
+
+def test_optimizer_in_backward_state_dict_round_trip_resumes_identically():
+    model = _model()
+    opt = OptimizerInBackward(model.named_parameters(), torch.optim.AdamW, lr=0.05)
+    _loss(model, 0).backward()
+    resumed_model = _model()
+    resumed_model.load_state_dict(model.state_dict())
+    resumed_opt = OptimizerInBackward(resumed_model.named_parameters(), torch.optim.AdamW, lr=0.05)
+    buffer = io.BytesIO()  # through a real save/load, as in recipe_state.pt (no shared tensors, no pickled objects)
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    resumed_opt.load_state_dict(torch.load(buffer, weights_only=True))
+    assert resumed_opt.param_groups[0] is resumed_opt.optimizers["0.weight"].param_groups[0]
+    _loss(model, 1).backward()
+    _loss(resumed_model, 1).backward()
+    for p, q in zip(model.parameters(), resumed_model.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="missing"):
+        resumed_opt.load_state_dict({"0.weight": opt.state_dict()["0.weight"]})
+
+
+def test_optimizer_in_backward_refuses_clipping_and_accumulation():
+    with pytest.raises(ValueError, match="clip_grad_norm=1.0.*clip_grad_norm: null"):
+        OptimizerInBackward.check_compatible(clip_grad_norm=1.0)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=4"):
+        OptimizerInBackward.check_compatible(gradient_accumulation_steps=4)
+    OptimizerInBackward.check_compatible(clip_grad_norm=None, gradient_accumulation_steps=1)
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ValueError, match="requires grad"):
+        OptimizerInBackward(frozen.named_parameters(), torch.optim.SGD, lr=0.1)
+
+
+def test_remove_hooks_restores_normal_gradients():
+    model = _model()
+    opt = OptimizerInBackward(model.named_parameters(), torch.optim.SGD, lr=0.1)
+    opt.remove_hooks()
+    _loss(model, 0).backward()
+    assert model[2].weight.grad is not None

@@ -1,0 +1,334 @@
+"""FSDP2 helpers for the distributed recipes: process group, sharding, loading and gathering state dicts.
+
+The model is written for one device; these functions shard it from outside with
+``torch.distributed.fsdp.fully_shard`` (one FSDP unit per transformer layer, plus the root), load a full
+checkpoint straight into the shards, and gather full weights back for saving.
+"""
+
+import os
+import socket
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tune.modules.peft import dequantize, is_nf4_tensor, to_nf4
+from tune.utils import get_logger, get_rank
+
+log = get_logger(__name__)
+
+ShardCondition = Callable[[str, nn.Module], bool]
+
+
+def is_distributed() -> bool:
+    """Whether a default process group is initialised (with more than one rank or not)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _resolve_backend(backend: str | None) -> str:
+    if backend is None:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if "nccl" in backend and not torch.cuda.is_available():
+        raise ValueError(
+            f"backend={backend!r} needs CUDA, which this machine does not have. Use backend='gloo' for CPU "
+            "training, or leave the backend unset to pick gloo on CPU and nccl on GPU."
+        )
+    return backend
+
+
+def init_distributed(backend: str | None = None, timeout_seconds: float | None = None) -> bool:
+    """Initialises the default process group from torchrun's environment (``tune run --nproc_per_node N``).
+
+    Outside torchrun (no ``RANK``/``WORLD_SIZE`` in the environment) it starts a one-process group on a free
+    local port, so a distributed recipe also runs as a plain single process. Under NCCL each process is bound to
+    the GPU ``LOCAL_RANK``.
+
+    Args:
+        backend (str | None): ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``...; ``None`` picks nccl when CUDA
+            is available, else gloo.
+        timeout_seconds (float | None): collective timeout; ``None`` keeps PyTorch's default.
+
+    Returns:
+        bool: True if this call initialised the group, False if one was already initialised.
+
+    Raises:
+        ValueError: if NCCL is requested on a machine without CUDA.
+    """
+    backend = _resolve_backend(backend)
+    if is_distributed():
+        return False
+    kwargs: dict[str, Any] = {"backend": backend}
+    if timeout_seconds is not None:
+        kwargs["timeout"] = timedelta(seconds=timeout_seconds)
+    if "nccl" in backend:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(**kwargs)  # torchrun set MASTER_ADDR/PORT: the env:// rendezvous
+    else:
+        log.info("No torchrun environment found: starting a one-process group (world size 1).")
+        dist.init_process_group(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, **kwargs)
+    return True
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum of ``tensor`` over all ranks, as a new tensor; the tensor itself when not distributed.
+
+    A collective: every rank must call it at the same point. Under NCCL the tensor must be on the GPU.
+
+    Args:
+        tensor (torch.Tensor): e.g. this rank's loss-token count.
+
+    Returns:
+        torch.Tensor: the sum over ranks.
+    """
+    if not is_distributed() or dist.get_world_size() == 1:
+        return tensor
+    total = tensor.clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
+
+
+def _is_layer(name: str, module: nn.Module) -> bool:
+    # default rule: every element of a ModuleList called `layers` (a decoder's transformer layers)
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-2] == "layers" and parts[-1].isdigit()
+
+
+def _as_condition(rule: ShardCondition | type) -> ShardCondition:
+    if isinstance(rule, type):
+        return lambda name, module: isinstance(module, rule)
+    if callable(rule):
+        return rule
+    raise TypeError(f"A shard condition must be an nn.Module class or a callable(name, module); received {rule!r}.")
+
+
+def shard_model(
+    model: nn.Module,
+    shard_conditions: Iterable[ShardCondition | type] | None = None,
+    *,
+    cpu_offload: bool = False,
+    reshard_after_forward: bool = True,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = torch.float32,
+    mesh: Any = None,
+) -> nn.Module:
+    """Shards ``model`` in place with FSDP2: one ``fully_shard`` unit per matching submodule, then the root.
+
+    Args:
+        model (nn.Module): the model, on the meta device or materialised.
+        shard_conditions (Iterable[Callable | type] | None): which submodules become their own FSDP unit: module
+            classes (``TransformerSelfAttentionLayer``) or callables ``(fully_qualified_name, module) -> bool``
+            (a family's shard rule from the registry); a module matching any one is sharded. ``None`` shards
+            each element of every ``layers`` ModuleList.
+        cpu_offload (bool): keep sharded parameters, gradients and optimizer states on CPU.
+        reshard_after_forward (bool): free each layer's gathered parameters after its forward (less memory,
+            one more all-gather in backward). The root unit (embeddings, final norm, output) always stays
+            gathered until backward, because the chunked loss uses ``model.output`` after forward.
+        param_dtype (torch.dtype | None): dtype of the gathered parameters for compute (mixed precision);
+            ``None`` computes in the parameters' own dtype.
+        reduce_dtype (torch.dtype | None): dtype of the gradient reduce-scatter.
+        mesh (DeviceMesh | None): data-parallel mesh; default: all ranks of the default group.
+
+    Returns:
+        nn.Module: the same model, now sharded.
+
+    Raises:
+        ValueError: if no process group is initialised.
+        TypeError: for a shard condition that is neither a class nor a callable.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    if not is_distributed():
+        raise ValueError("shard_model needs a process group: call tune.training.init_distributed() first.")
+    conditions = [_as_condition(rule) for rule in shard_conditions] if shard_conditions is not None else [_is_layer]
+    fsdp_kwargs: dict[str, Any] = {"reshard_after_forward": reshard_after_forward, "mesh": mesh}
+    fsdp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    if cpu_offload:
+        # pinned host memory needs CUDA; on a CPU-only run offloading moves nothing anyway
+        fsdp_kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    # children before parents, so each unit owns exactly the parameters no inner unit took
+    num_units = 0
+    for name, module in reversed(list(model.named_modules())):
+        if name and any(condition(name, module) for condition in conditions):
+            fully_shard(module, **fsdp_kwargs)
+            num_units += 1
+    if num_units == 0:
+        log.warning("shard_model: no submodule matched the shard conditions; only the root is sharded.")
+    # The root keeps its parameters gathered from forward until backward is done: the chunked loss applies
+    # `model.output` after forward returns (and again in backward to recompute chunks), and backward would
+    # gather them right away anyway.
+    fully_shard(model, **{**fsdp_kwargs, "reshard_after_forward": False})
+    return model
+
+
+def load_from_full_model_state_dict(
+    model: nn.Module,
+    full_state_dict: Mapping[str, torch.Tensor],
+    device: torch.device | str | None = None,
+    strict: bool = True,
+    cpu_offload: bool = False,
+) -> None:
+    """Loads a full (unsharded) state dict into a sharded model; each rank keeps only its own shards.
+
+    Every rank passes the same full state dict (typically memory-mapped safetensors, so nothing is duplicated
+    in RAM); each parameter is cut into this rank's shard on ``device`` with ``distribute_tensor``, without
+    communication. NF4 base weights of QLoRA layers are quantised from the full weight, then split. Works for a
+    model built on the meta device and sharded with :func:`shard_model`:
+    non-persistent buffers left on meta (RoPE tables) are materialised and recomputed with the module's
+    ``rope_init``/``reset_parameters``.
+
+    Parameters the checkpoint does not hold (LoRA adapters at the start of training) are loaded with
+    ``strict=False`` and must be real already: initialise them before :func:`shard_model`, on every rank with
+    the same seed (``module.to_empty(device="cpu")`` then ``module.reset_parameters()`` on the adapter
+    submodules of the meta model), so every rank holds the same full values and FSDP keeps each rank's shard.
+
+    Args:
+        model (nn.Module): the sharded model (its parameters are DTensors).
+        full_state_dict (Mapping[str, torch.Tensor]): full tensors keyed like ``model.state_dict()``.
+        device (torch.device | str | None): where shards live; default: the device of the current process
+            (``cuda:LOCAL_RANK`` under NCCL, else CPU).
+        strict (bool): require the keys to match exactly.
+        cpu_offload (bool): the model was sharded with ``cpu_offload=True``: shards stay on CPU.
+
+    Raises:
+        ValueError: for missing or unexpected keys (when ``strict``), a shape mismatch, or parameters left on
+            the meta device (neither in the checkpoint nor initialised before sharding).
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if cpu_offload:
+        device = torch.device("cpu")
+    else:
+        device = torch.device(device) if device is not None else _default_device()
+    current = model.state_dict()
+    _check_keys(current.keys(), full_state_dict.keys(), strict)
+    sharded: dict[str, torch.Tensor] = {}
+    quantized: dict[str, torch.Tensor] = {}
+    for key, target in current.items():
+        if key not in full_state_dict:
+            continue
+        full = full_state_dict[key]
+        if tuple(full.shape) != tuple(target.shape):
+            raise ValueError(f"{key}: checkpoint shape {tuple(full.shape)} but model expects {tuple(target.shape)}.")
+        full = full.to(device=device, dtype=target.dtype)
+        if isinstance(target, DTensor) and is_nf4_tensor(target.to_local()):
+            quantized[key] = _shard_nf4(key, full, target)
+        elif isinstance(target, DTensor):
+            sharded[key] = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
+        else:
+            sharded[key] = full
+    # assign=True swaps in the new tensors, which is how meta parameters become real ones (keys checked above)
+    model.load_state_dict(sharded, strict=False, assign=True)
+    for key, value in quantized.items():
+        # set directly: a QLoRA layer's load hook would quantise the (already quantised) shard again
+        module_name, _, param_name = key.rpartition(".")
+        setattr(model.get_submodule(module_name), param_name, nn.Parameter(value, requires_grad=False))
+    _materialise_meta_buffers(model, device)
+    still_meta = [name for name, param in model.named_parameters() if param.is_meta]
+    if still_meta:
+        raise ValueError(
+            f"{len(still_meta)} parameters are neither in the checkpoint nor initialised: {still_meta[:5]}"
+            f"{'...' if len(still_meta) > 5 else ''}. Initialise them before shard_model (same seed on every rank: "
+            "`module.to_empty(device='cpu'); module.reset_parameters()`), or load a checkpoint that has them."
+        )
+
+
+def _shard_nf4(key: str, full: torch.Tensor, target: Any) -> torch.Tensor:
+    """This rank's dim-0 shard of the NF4 quantisation of ``full``, as a DTensor shaped like ``target``.
+
+    Quantising the full weight once and then splitting keeps every shard's blocks and scales identical to a
+    single-device QLoRA model. torchao's NF4 split needs whole blocks per rank.
+    """
+    from torch.distributed.tensor import DTensor
+
+    mesh = target.device_mesh
+    if mesh.ndim != 1:
+        raise ValueError(f"{key}: NF4 (QLoRA) weights can only be sharded on a 1-D mesh; got {mesh.ndim}-D.")
+    world_size, rank = mesh.size(0), mesh.get_local_rank(0)
+    if full.shape[0] % world_size:
+        raise ValueError(
+            f"{key}: an NF4 (QLoRA) weight with {full.shape[0]} rows cannot be split evenly over {world_size} ranks. "
+            "Use a number of ranks that divides the layer sizes, or train this model without quantize_base."
+        )
+    local = to_nf4(full).chunk(world_size, dim=0)[rank]
+    return DTensor.from_local(
+        local, mesh, target.placements, run_check=False, shape=target.shape, stride=target.stride()
+    )
+
+
+def _default_device() -> torch.device:
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_keys(model_keys: Iterable[str], checkpoint_keys: Iterable[str], strict: bool) -> None:
+    model_keys, checkpoint_keys = set(model_keys), set(checkpoint_keys)
+    missing, unexpected = sorted(model_keys - checkpoint_keys), sorted(checkpoint_keys - model_keys)
+    if strict and (missing or unexpected):
+        raise ValueError(
+            f"State dict does not match the model: missing {missing[:10]}{'...' if len(missing) > 10 else ''}, "
+            f"unexpected {unexpected[:10]}{'...' if len(unexpected) > 10 else ''}. Check that the checkpoint "
+            "belongs to this model (and its converter), or pass strict=False to load a subset (e.g. adapters)."
+        )
+
+
+def _materialise_meta_buffers(model: nn.Module, device: torch.device) -> None:
+    for name, module in model.named_modules():
+        meta = [b for b, buf in module.named_buffers(recurse=False) if buf is not None and buf.is_meta]
+        if not meta:
+            continue
+        init = getattr(module, "rope_init", None) or getattr(module, "reset_parameters", None)
+        if init is None or any(True for _ in module.parameters(recurse=False)):
+            raise ValueError(
+                f"Buffers {meta} of {name or 'the model'} ({type(module).__name__}) are still on the meta device "
+                "and the module has no parameter-free `rope_init`/`reset_parameters` to recompute them. Make "
+                "them persistent (so the checkpoint carries them) or give the module such a method."
+            )
+        for buffer_name in meta:
+            old = module._buffers[buffer_name]
+            module._buffers[buffer_name] = torch.empty_like(old, device=device)
+        init()
+
+
+def gather_cpu_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+    """Full, unsharded copy of the model's state dict on CPU, for saving.
+
+    A collective: every rank must call it. Parameters are gathered one at a time, so peak memory holds one full
+    tensor beyond the shards.
+
+    NF4 (QLoRA) base weights come back dequantised, in the dtype the layer computes in.
+
+    Args:
+        model (nn.Module): a model sharded with :func:`shard_model` (unsharded tensors are copied as they are).
+        rank0_only (bool): only rank 0 keeps the result; other ranks get ``{}``.
+
+    Returns:
+        dict[str, torch.Tensor]: full CPU tensors keyed like ``model.state_dict()``.
+    """
+    from torch.distributed.tensor import DTensor
+
+    keep = not rank0_only or get_rank() == 0
+    gathered: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        if isinstance(value, DTensor):
+            local = value.to_local()
+            if is_nf4_tensor(local):  # QLoRA base weight: gather its dequantised shards
+                value = DTensor.from_local(
+                    dequantize(local), value.device_mesh, value.placements, shape=value.shape, stride=value.stride()
+                )
+            value = value.full_tensor()
+        elif is_nf4_tensor(value):
+            value = dequantize(value)
+        if keep:
+            gathered[key] = value.detach().to("cpu", copy=True)
+    return gathered

@@ -1,0 +1,82 @@
+"""Gradient-norm clipping and the loss sanity check every training recipe runs."""
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when the training loss becomes NaN or infinite; ``step`` says where.
+
+    Args:
+        loss (float): the offending value.
+        step (int): the global step at which it was seen.
+    """
+
+    def __init__(self, loss: float, step: int) -> None:
+        self.loss = loss
+        self.step = step
+        super().__init__(
+            f"The training loss is {loss} at step {step}; stopping so no checkpoint is written from diverged "
+            "weights (the last saved checkpoint is intact). Common fixes: lower the learning rate, set "
+            "`clip_grad_norm` (e.g. 1.0), train in bf16 or fp32 instead of fp16, and check the data for empty or "
+            "fully masked samples."
+        )
+
+
+def check_loss_is_finite(loss: torch.Tensor | float, step: int) -> float:
+    """Returns the loss as a float, or raises :class:`NonFiniteLossError` naming the step.
+
+    Reading a tensor synchronises with the device: call it where the recipe reads the loss anyway (at logging
+    steps), or every step if stopping at the first bad step matters more than throughput.
+
+    Args:
+        loss (torch.Tensor | float): the loss of the step.
+        step (int): the global step, for the message.
+
+    Returns:
+        float: the loss value.
+
+    Raises:
+        NonFiniteLossError: if the loss is NaN or infinite.
+    """
+    value = float(loss.detach().item()) if torch.is_tensor(loss) else float(loss)
+    if not math.isfinite(value):
+        raise NonFiniteLossError(value, step)
+    return value
+
+
+def clip_grad_norm(
+    parameters: nn.Module | Iterable[torch.Tensor], max_norm: float | None, norm_type: float = 2.0
+) -> torch.Tensor:
+    """Total gradient norm, clipping gradients to ``max_norm`` when it is set.
+
+    Works for plain and FSDP-sharded (DTensor) gradients; the returned norm is a full (replicated) tensor on
+    the gradients' device, not yet read on the host.
+
+    Args:
+        parameters (nn.Module | Iterable[torch.Tensor]): a model or its parameters.
+        max_norm (float | None): clip threshold; ``None`` only measures the norm (for logging).
+        norm_type (float): the p of the p-norm (``inf`` for the max norm).
+
+    Returns:
+        torch.Tensor: 0-d total norm of all gradients before clipping.
+
+    Raises:
+        ValueError: for a non-positive ``max_norm``.
+    """
+    if max_norm is not None and max_norm <= 0:
+        raise ValueError(f"clip_grad_norm must be positive or null; received {max_norm}.")
+    params = list(parameters.parameters() if isinstance(parameters, nn.Module) else parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    total = torch.nn.utils.get_total_norm(grads, norm_type=norm_type)
+    if max_norm is not None:
+        # clip with the norm as computed (a DTensor for sharded gradients) so it scales DTensor grads
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    return total

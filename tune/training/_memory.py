@@ -1,0 +1,212 @@
+"""Memory: peak-usage statistics, and running the optimizer inside backward (``optimizer_in_bwd``)."""
+
+import resource
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+_GIB = 1024**3
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    # /proc/self/status (Linux) reports VmRSS and VmHWM (its peak) in kB, from the same counters
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_memory() -> tuple[int, int]:
+    """(current, peak) resident set size in bytes."""
+    current, peak = _proc_status_bytes("VmRSS"), _proc_status_bytes("VmHWM")
+    if current is None or peak is None:  # no /proc (macOS): getrusage gives the peak only
+        ru_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = ru_peak if sys.platform == "darwin" else ru_peak * 1024  # macOS reports bytes, Linux KiB
+        current = peak if current is None else current
+    return current, max(current, peak)
+
+
+def get_memory_stats(device: torch.device | str) -> dict[str, float]:
+    """Peak memory of this process on ``device``, in GiB.
+
+    On CUDA: ``peak_memory_active`` (peak bytes held by live tensors), ``peak_memory_alloc``
+    (``max_memory_allocated``) and ``peak_memory_reserved`` (``max_memory_reserved``, what the caching allocator
+    took from the driver), since the last :func:`reset_peak_memory_stats`. On CPU: ``peak_memory_rss`` (peak
+    resident set size of the process since the last reset, or since it started) and ``memory_rss`` (now).
+    Reading CUDA statistics does not synchronise the device.
+
+    Args:
+        device (torch.device | str): the training device.
+
+    Returns:
+        dict[str, float]: the statistics.
+
+    Raises:
+        ValueError: for a device type without memory statistics here (e.g. ``meta``).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        stats = torch.cuda.memory_stats(device)
+        return {
+            "peak_memory_active": stats.get("active_bytes.all.peak", 0) / _GIB,
+            "peak_memory_alloc": torch.cuda.max_memory_allocated(device) / _GIB,
+            "peak_memory_reserved": torch.cuda.max_memory_reserved(device) / _GIB,
+        }
+    if device.type in ("cpu", "mps"):
+        current, peak = _cpu_memory()
+        return {"peak_memory_rss": peak / _GIB, "memory_rss": current / _GIB}
+    raise ValueError(f"No memory statistics for device type {device.type!r}; use a cpu, cuda or mps device.")
+
+
+def reset_peak_memory_stats(device: torch.device | str) -> bool:
+    """Starts a new peak-memory window, so the next :func:`get_memory_stats` reports the peak since now.
+
+    On CUDA this resets the allocator's peaks. On Linux CPU it resets the process's peak RSS (writing ``5`` to
+    ``/proc/self/clear_refs``, Linux >= 4.0); elsewhere the CPU peak covers the whole process lifetime.
+
+    Args:
+        device (torch.device | str): the training device.
+
+    Returns:
+        bool: whether the peak was reset.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class OptimizerInBackward(Optimizer):
+    """Steps the optimizer for each parameter as soon as its gradient is ready, then frees that gradient.
+
+    Gradients of the whole model never coexist, which saves up to one model's worth of gradient memory. It is
+    an ``Optimizer`` whose ``param_groups`` are those of the per-parameter optimizers, so LR schedulers and
+    ``get_lr`` work unchanged; ``step()`` and ``zero_grad()`` are no-ops (the work happened during backward), so
+    a recipe's loop needs no special case. ``state_dict()``/``load_state_dict()`` key the per-parameter states
+    by parameter name.
+
+    Limits, checked by :meth:`check_compatible`: no gradient clipping (a clipping factor needs the norm of
+    every gradient before any step, but here each parameter has stepped before the others' gradients exist),
+    and no gradient accumulation (each backward steps immediately). The loss must be scaled *before*
+    ``backward`` (``loss_sum * step_loss_scale(num_tokens)``), never with ``scale_grads`` after it.
+
+    Args:
+        named_params (Iterable[tuple[str, nn.Parameter]]): e.g. ``model.named_parameters()``; parameters that do
+            not require grad are skipped.
+        optimizer_factory (Callable[..., Optimizer]): an optimizer class (``torch.optim.AdamW``) or any callable
+            taking ``(params, **optimizer_kwargs)``.
+        **optimizer_kwargs: passed to ``optimizer_factory`` (``lr``, ``weight_decay``, ...).
+
+    Raises:
+        ValueError: if no parameter requires grad.
+    """
+
+    def __init__(
+        self,
+        named_params: Iterable[tuple[str, nn.Parameter]],
+        optimizer_factory: Callable[..., Optimizer],
+        **optimizer_kwargs: Any,
+    ) -> None:
+        trainable = [(name, param) for name, param in named_params if param.requires_grad]
+        if not trainable:
+            raise ValueError("OptimizerInBackward got no parameter that requires grad; nothing to optimize.")
+        self.optimizers: dict[str, Optimizer] = {
+            name: optimizer_factory([param], **optimizer_kwargs) for name, param in trainable
+        }
+        super().__init__([param for _, param in trainable], defaults={})
+        # share the inner optimizers' group dicts: a scheduler writing `lr` here writes it there
+        self.param_groups = [group for opt in self.optimizers.values() for group in opt.param_groups]
+        self._handles = [
+            param.register_post_accumulate_grad_hook(self._make_hook(self.optimizers[name]))
+            for name, param in trainable
+        ]
+
+    @staticmethod
+    def _make_hook(optimizer: Optimizer) -> Callable[[torch.Tensor], None]:
+        def step_and_free(param: torch.Tensor) -> None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step_and_free
+
+    @staticmethod
+    def check_compatible(clip_grad_norm: float | None = None, gradient_accumulation_steps: int = 1) -> None:
+        """Refuses settings that cannot work when the optimizer steps inside backward.
+
+        Args:
+            clip_grad_norm (float | None): the recipe's gradient-clipping threshold.
+            gradient_accumulation_steps (int): the recipe's accumulation steps.
+
+        Raises:
+            ValueError: if clipping is on or accumulation is above 1, saying which config key to change.
+        """
+        problems = []
+        if clip_grad_norm is not None:
+            problems.append(
+                f"clip_grad_norm={clip_grad_norm}: clipping needs every gradient's norm before any parameter "
+                "steps, but with optimizer_in_bwd each parameter steps as soon as its own gradient exists"
+            )
+        if gradient_accumulation_steps != 1:
+            problems.append(
+                f"gradient_accumulation_steps={gradient_accumulation_steps}: each backward pass already "
+                "stepped the optimizer, so gradients cannot accumulate"
+            )
+        if problems:
+            raise ValueError(
+                "optimizer_in_bwd=True cannot be combined with " + "; and ".join(problems) + ". Set "
+                "`optimizer_in_bwd: False`, or `clip_grad_norm: null` and `gradient_accumulation_steps: 1`."
+            )
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:
+        """No-op: each parameter stepped during backward. Kept so recipe loops need no special case."""
+        if closure is not None:
+            raise ValueError("OptimizerInBackward cannot take a closure: it steps inside backward.")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """No-op: each gradient was freed right after its step."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Per-parameter optimizer states, keyed by parameter name."""
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores states saved by :meth:`state_dict`.
+
+        Args:
+            state_dict (Mapping[str, Any]): parameter name -> optimizer state dict.
+
+        Raises:
+            ValueError: if the names differ from this optimizer's parameters.
+        """
+        missing = sorted(set(self.optimizers) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(self.optimizers))
+        if missing or unexpected:
+            raise ValueError(
+                f"Optimizer state does not match the trainable parameters: missing {missing[:5]}, unexpected "
+                f"{unexpected[:5]}. Was it saved with the same model and the same trainable parameters?"
+            )
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state_dict[name])
+        # loading replaces each inner optimizer's group dicts: share the new ones
+        self.param_groups = [group for opt in self.optimizers.values() for group in opt.param_groups]
+
+    def remove_hooks(self) -> None:
+        """Detaches the backward hooks; afterwards backward leaves gradients in ``.grad`` as usual."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
