@@ -3,8 +3,81 @@
 from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
 from tune.data._messages import ROLES, Message, Role
 from tune.data._protocols import BaseTokenizer, ModelTokenizer
+from tune.data._collate import (
+    left_pad_sequence,
+    padded_collate,
+    padded_collate_dpo,
+    padded_collate_generation,
+    padded_collate_packed,
+    padded_collate_sft,
+)
+from tune.data._message_transforms import (
+    AlpacaToMessages,
+    ChosenRejectedToMessages,
+    InputOutputToMessages,
+    OpenAIToMessages,
+    ShareGPTToMessages,
+    alpaca_prompt,
+)
+from tune.data._packing import FlatSequences, PackedDataset, block_causal_mask, flatten_dataset, pack_lengths
+from tune.data._preview import render_sample
+from tune.data._chat_formats import (
+    ChatFormat,
+    Gemma2ChatFormat,
+    Llama2ChatFormat,
+    Llama3ChatFormat,
+    MistralChatFormat,
+    Phi3ChatFormat,
+    Qwen2_5ChatFormat,
+    Qwen3ChatFormat,
+    Segment,
+    validate_messages,
+)
+from tune.data._masking import MaskingStrategy, mask_messages
+from tune.data._tokenizers import (
+    ChatTokenizer,
+    HuggingFaceBaseTokenizer,
+    SentencePieceBaseTokenizer,
+    TikTokenBaseTokenizer,
+    truncate,
+)
 
 __all__ = [
+    "AlpacaToMessages",
+    "ChosenRejectedToMessages",
+    "FlatSequences",
+    "InputOutputToMessages",
+    "OpenAIToMessages",
+    "PackedDataset",
+    "ShareGPTToMessages",
+    "alpaca_prompt",
+    "block_causal_mask",
+    "flatten_dataset",
+    "left_pad_sequence",
+    "pack_lengths",
+    "padded_collate",
+    "padded_collate_dpo",
+    "padded_collate_generation",
+    "padded_collate_packed",
+    "padded_collate_sft",
+    "render_sample",
+    "ChatFormat",
+    "ChatTokenizer",
+    "Gemma2ChatFormat",
+    "HuggingFaceBaseTokenizer",
+    "Llama2ChatFormat",
+    "Llama3ChatFormat",
+    "MaskingStrategy",
+    "MistralChatFormat",
+    "Phi3ChatFormat",
+    "Qwen2_5ChatFormat",
+    "Qwen3ChatFormat",
+    "Segment",
+    "SentencePieceBaseTokenizer",
+    "TikTokenBaseTokenizer",
+    "mask_messages",
+    "truncate",
+    "validate_messages",
     "CROSS_ENTROPY_IGNORE_IDX",
     "BaseTokenizer",
     "Message",

@@ -1,0 +1,183 @@
+"""Collate functions: turn a list of samples into a batch of tensors.
+
+Batches are dicts: ``tokens`` [b, s] int64, ``labels`` [b, s] int64 (``-100`` where no loss is taken, not
+shifted), and for packed batches ``mask`` [b, s, s] bool and ``input_pos`` [b, s].
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
+from tune.data._packing import block_causal_mask
+
+
+def _as_long(x: Any) -> torch.Tensor:
+    return x.to(torch.int64) if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=torch.int64)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _pad_right(seqs: list[torch.Tensor], value: int, length: int) -> torch.Tensor:
+    out = torch.full((len(seqs), length), value, dtype=torch.int64)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = seq
+    return out
+
+
+def left_pad_sequence(
+    sequences: Sequence[torch.Tensor], batch_first: bool = False, padding_value: float = 0
+) -> torch.Tensor:
+    """Like :func:`torch.nn.utils.rnn.pad_sequence`, but pads on the left so every sequence ends at the last column.
+
+    Args:
+        sequences (Sequence[torch.Tensor]): tensors [len_i, *].
+        batch_first (bool): return [b, s, *] instead of [s, b, *].
+        padding_value (float): fill value.
+
+    Returns:
+        torch.Tensor: the padded batch.
+    """
+    flipped = pad_sequence([seq.flip(0) for seq in sequences], batch_first=True, padding_value=padding_value)
+    out = flipped.flip(1)  # [b, s, *]
+    return out if batch_first else out.transpose(0, 1)
+
+
+def padded_collate(
+    batch: Sequence[dict[str, Any]],
+    *,
+    pad_direction: str,
+    keys_to_pad: Sequence[str],
+    padding_idx: int | dict[str, int],
+) -> dict[str, Any]:
+    """Pads the listed keys of every sample to the batch's longest, left or right; other keys are gathered in lists.
+
+    Args:
+        batch (Sequence[dict]): samples.
+        pad_direction (str): ``"left"`` or ``"right"``.
+        keys_to_pad (Sequence[str]): keys holding 1-D sequences.
+        padding_idx (int | dict[str, int]): one fill value, or one per key.
+
+    Returns:
+        dict: padded [b, s] tensors for ``keys_to_pad``, lists for other keys.
+
+    Raises:
+        ValueError: for an unknown direction or a key missing from ``padding_idx``.
+    """
+    if pad_direction not in ("left", "right"):
+        raise ValueError(f"pad_direction must be 'left' or 'right', got {pad_direction!r}.")
+    if isinstance(padding_idx, dict) and set(keys_to_pad) - set(padding_idx):
+        raise ValueError(f"padding_idx has no value for key(s) {sorted(set(keys_to_pad) - set(padding_idx))}.")
+    out: dict[str, Any] = {}
+    for key in batch[0]:
+        values = [sample[key] for sample in batch]
+        if key not in keys_to_pad:
+            out[key] = values
+            continue
+        fill = padding_idx[key] if isinstance(padding_idx, dict) else padding_idx
+        seqs = [_as_long(v) for v in values]
+        if pad_direction == "right":
+            out[key] = pad_sequence(seqs, batch_first=True, padding_value=fill)
+        else:
+            out[key] = left_pad_sequence(seqs, batch_first=True, padding_value=fill)
+    return out
+
+
+def padded_collate_sft(
+    batch: Sequence[dict[str, Any]],
+    padding_idx: int = 0,
+    ignore_idx: int = CROSS_ENTROPY_IGNORE_IDX,
+    pad_to_multiple_of: int = 1,
+) -> dict[str, torch.Tensor]:
+    """Right-pads ``tokens`` with ``padding_idx`` and ``labels`` with ``ignore_idx`` to the longest sample.
+
+    Args:
+        batch (Sequence[dict]): samples with ``tokens`` and ``labels`` of equal length (lists or tensors).
+        padding_idx (int): token id for padding. Default 0.
+        ignore_idx (int): label for padding. Default -100.
+        pad_to_multiple_of (int): round the padded length up to a multiple of this (e.g. 8 for tensor cores,
+            or a fixed shape for compile). Default 1.
+
+    Returns:
+        dict[str, torch.Tensor]: ``tokens`` and ``labels``, int64 [b, s].
+
+    Raises:
+        ValueError: for an empty batch, a sample whose tokens and labels differ in length, or
+            ``pad_to_multiple_of < 1``.
+    """
+    if not batch:
+        raise ValueError("padded_collate_sft got an empty batch.")
+    if pad_to_multiple_of < 1:
+        raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}.")
+    tokens = [_as_long(sample["tokens"]) for sample in batch]
+    labels = [_as_long(sample["labels"]) for sample in batch]
+    for i, (t, lab) in enumerate(zip(tokens, labels)):
+        if len(t) != len(lab):
+            raise ValueError(f"Sample {i} of the batch has {len(t)} tokens but {len(lab)} labels.")
+    length = _round_up(max(len(t) for t in tokens), pad_to_multiple_of)
+    return {"tokens": _pad_right(tokens, padding_idx, length), "labels": _pad_right(labels, ignore_idx, length)}
+
+
+def padded_collate_packed(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Stacks packs from :class:`~tune.data.PackedDataset` and builds their block-causal mask.
+
+    Args:
+        batch (Sequence[dict]): packs with ``tokens``, ``labels``, ``input_pos`` [s] and ``seq_lens``.
+
+    Returns:
+        dict[str, torch.Tensor]: ``tokens``, ``labels``, ``input_pos`` int64 [b, s] and ``mask`` bool [b, s, s]
+        (True = may attend).
+    """
+    tokens = torch.stack([_as_long(p["tokens"]) for p in batch])
+    return {
+        "tokens": tokens,
+        "labels": torch.stack([_as_long(p["labels"]) for p in batch]),
+        "input_pos": torch.stack([_as_long(p["input_pos"]) for p in batch]),
+        "mask": block_causal_mask([_as_long(p["seq_lens"]) for p in batch], tokens.shape[1]),
+    }
+
+
+def padded_collate_dpo(
+    batch: Sequence[dict[str, Any]],
+    padding_idx: int = 0,
+    ignore_idx: int = CROSS_ENTROPY_IGNORE_IDX,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pads preference pairs into one batch: the chosen sequences first, then the rejected ones.
+
+    Args:
+        batch (Sequence[dict]): samples with ``chosen_input_ids``, ``chosen_labels``, ``rejected_input_ids``,
+            ``rejected_labels``.
+        padding_idx (int): token id for padding. Default 0.
+        ignore_idx (int): label for padding. Default -100.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``(input_ids, labels)``, int64 [2 * b, s]; rows ``0..b-1`` are the
+        chosen responses, rows ``b..2b-1`` the rejected ones, in the same order.
+    """
+    tokens = [_as_long(s["chosen_input_ids"]) for s in batch] + [_as_long(s["rejected_input_ids"]) for s in batch]
+    labels = [_as_long(s["chosen_labels"]) for s in batch] + [_as_long(s["rejected_labels"]) for s in batch]
+    length = max(len(t) for t in tokens)
+    return _pad_right(tokens, padding_idx, length), _pad_right(labels, ignore_idx, length)
+
+
+def padded_collate_generation(batch: Sequence[dict[str, Any]], padding_idx: int = 0) -> dict[str, torch.Tensor]:
+    """Left-pads prompts so that every row's last prompt token is in the last column, ready for generation.
+
+    Args:
+        batch (Sequence[dict]): samples with ``tokens`` (the prompt); other keys are ignored.
+        padding_idx (int): token id for padding. Default 0.
+
+    Returns:
+        dict[str, torch.Tensor]: ``tokens`` int64 [b, s]; ``padding_mask`` bool [b, s] (True on real tokens);
+        ``input_pos`` int64 [b, s], each row's positions counted from its first real token (0 on padding).
+    """
+    tokens = left_pad_sequence([_as_long(s["tokens"]) for s in batch], batch_first=True, padding_value=padding_idx)
+    lengths = torch.tensor([len(s["tokens"]) for s in batch])
+    columns = torch.arange(tokens.shape[1])
+    padding_mask = columns.unsqueeze(0) >= (tokens.shape[1] - lengths).unsqueeze(1)
+    input_pos = (padding_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {"tokens": tokens, "padding_mask": padding_mask, "input_pos": input_pos}

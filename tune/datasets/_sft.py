@@ -1,0 +1,129 @@
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from tune.data import FlatSequences, ModelTokenizer
+from tune.datasets import _hf
+from tune.utils import get_logger
+
+_log = get_logger(__name__)
+
+
+class _TokenizeConversations:
+    """Batched map function: rows -> messages -> ``tokens``, ``labels`` (and a ``truncated`` flag).
+
+    Picklable, so ``datasets.map`` can run it in worker processes. Returns an Arrow table built from flat arrays,
+    which avoids converting every token through Python objects. Errors from a row are re-raised naming the row's
+    index in the (filtered) dataset.
+    """
+
+    def __init__(self, message_transform: Callable, tokenizer: ModelTokenizer, source: str) -> None:
+        self.message_transform = message_transform
+        self.tokenizer, self.max_seq_len = _hf.untruncated(tokenizer)
+        self.source = source
+
+    def encode(self, messages: list) -> tuple[list[int], list[bool], bool]:
+        tokens, mask = self.tokenizer.tokenize_messages(messages)
+        return _hf.truncate(list(tokens), list(mask), self.max_seq_len, self.tokenizer.eos_id)
+
+    def __call__(self, batch: dict[str, list], indices: list[int]):
+        import pyarrow as pa
+
+        tokens, masks, cuts = [], [], []
+        for row, index in zip(_hf.rows_of(batch), indices):
+            try:
+                sample_tokens, sample_mask, cut = self.encode(self.message_transform(row)["messages"])
+            except (ValueError, TypeError, KeyError) as err:
+                raise ValueError(f"Dataset {self.source!r}, row {index}: {err}") from err
+            tokens.append(sample_tokens)
+            masks.append(sample_mask)
+            cuts.append(cut)
+        return pa.table({
+            "tokens": _hf.list_column(tokens),
+            "labels": _hf.list_column(tokens, masks),
+            "truncated": pa.array(cuts, pa.bool_()),
+        })  # fmt: skip
+
+
+def _sft_features():
+    from datasets import Features, Sequence, Value
+
+    ids = Sequence(Value("int32"))
+    return Features({"tokens": ids, "labels": ids, "truncated": Value("bool")})
+
+
+def log_truncated(ds, source: str, max_seq_len: int | None, column: str = "truncated") -> int:
+    """Logs and returns how many samples were cut to ``max_seq_len``."""
+    import pyarrow.compute as pc
+
+    count = int(pc.sum(ds.with_format("arrow")[:].column(column)).as_py() or 0)
+    message = f"Dataset {source!r}: {len(ds):,} samples"
+    if count:
+        message += f", {count:,} truncated to max_seq_len={max_seq_len}"
+    _log.info(message + ".")
+    return count
+
+
+class SFTDataset(Dataset):
+    """A supervised fine-tuning dataset: rows -> messages -> tokens and labels, tokenised once and cached.
+
+    Loads ``source`` with Hugging Face ``datasets``, checks the columns ``message_transform`` needs, applies
+    ``filter_fn``, then tokenises every row with ``datasets.map`` (``num_proc`` processes) into ``tokens`` and
+    ``labels`` (``-100`` on masked tokens), truncating to the tokenizer's ``max_seq_len`` and logging how many
+    samples were cut. The result is cached on disk, keyed by the data, transform, tokenizer and settings.
+
+    Args:
+        source (str): hub name, builder (``"json"``, ``"parquet"``, ``"csv"``, ``"text"``) with
+            ``data_files``, local directory or data file.
+        message_transform (Callable): row -> ``{"messages": list[Message]}`` with a ``required_columns``
+            attribute, e.g. :class:`~tune.data.InputOutputToMessages`.
+        model_transform (ModelTokenizer): the model's tokenizer (``tokenize_messages``).
+        filter_fn (Callable | None): keep a raw row when it returns True (applied before tokenising).
+        split (str): which split to load. Default ``"train"``.
+        num_proc (int | None): tokenising processes; None picks by dataset size.
+        **load_dataset_kwargs: passed to ``datasets.load_dataset`` (``data_files``, ``cache_dir``, ...).
+
+    Raises:
+        ValueError: for a missing column (naming expected and available ones), an empty dataset (also after
+            filtering), or a bad row (naming its index).
+    """
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        message_transform: Callable,
+        model_transform: ModelTokenizer,
+        filter_fn: Callable | None = None,
+        split: str = "train",
+        num_proc: int | None = None,
+        **load_dataset_kwargs: Any,
+    ) -> None:
+        raw = _hf.load_source(source, split=split, **load_dataset_kwargs)
+        source = _hf.describe_source(source, load_dataset_kwargs)  # for messages and logs
+        _hf.check_columns(raw, getattr(message_transform, "required_columns", []), source)
+        procs = _hf.resolve_num_proc(num_proc, len(raw))
+        raw = _hf.filter_rows(raw, filter_fn, source, procs)
+        source += " (after filter_fn; row numbers count kept rows)" if filter_fn is not None else ""
+        function = _TokenizeConversations(message_transform, model_transform, source)
+        key = _hf.fingerprint(
+            raw, "sft", _hf.code_identity(message_transform), message_transform, _hf.code_identity(function),
+            _hf.tokenizer_identity(model_transform), str(function.max_seq_len),
+        )  # fmt: skip
+        data = _hf.tokenize_rows(
+            raw, function, features=_sft_features(), num_proc=procs, new_fingerprint=key, desc="Tokenizing"
+        )
+        self.max_seq_len = function.max_seq_len
+        self.num_truncated = log_truncated(data, source, self.max_seq_len)
+        self._data = data.select_columns(["tokens", "labels"])
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getitem__(self, index: int) -> dict[str, list[int]]:
+        return self._data[index]
+
+    def as_flat_sequences(self) -> FlatSequences:
+        """All samples as flat token/label arrays (used by :class:`~tune.data.PackedDataset`)."""
+        return _hf.flat_sequences(self._data)
