@@ -1,0 +1,254 @@
+"""The decoder assembly every family's component builders share.
+
+Families differ in a handful of switches (QKV bias, q/k norm, tied output, RoPE scaling, sliding windows,
+soft-capping, Gemma's norms); one function wires them so that a fix lands in every family at once. Families
+expose their own component builders with torchtune's keyword names and call this.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from tune.modules import (
+    FeedForward,
+    Llama3ScaledRoPE,
+    MultiHeadAttention,
+    RMSNorm,
+    RotaryPositionalEmbeddings,
+    TiedLinear,
+    TransformerDecoder,
+    TransformerSelfAttentionLayer,
+)
+from tune.modules.peft import DoRALinear, LoRALinear
+
+LORA_ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
+
+
+@dataclass(frozen=True)
+class LoRASpec:
+    """Where and how LoRA is applied; built from a LoRA builder's keyword arguments by ``lora_spec``."""
+
+    attn_modules: tuple[str, ...]
+    apply_to_mlp: bool
+    apply_to_output: bool
+    rank: int
+    alpha: float
+    dropout: float
+    use_dora: bool
+    quantize_base: bool
+
+
+def lora_spec(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+) -> LoRASpec:
+    """Checks LoRA builder arguments and packs them.
+
+    Raises:
+        ValueError: for a module name outside ``q_proj, k_proj, v_proj, output_proj``.
+    """
+    if isinstance(lora_attn_modules, str):
+        lora_attn_modules = [lora_attn_modules]
+    unknown = sorted(set(lora_attn_modules) - set(LORA_ATTN_MODULES))
+    if unknown:
+        raise ValueError(
+            f"lora_attn_modules has unknown module(s) {unknown}; choose from {list(LORA_ATTN_MODULES)}."
+        )
+    return LoRASpec(
+        tuple(lora_attn_modules),
+        apply_lora_to_mlp,
+        apply_lora_to_output,
+        lora_rank,
+        lora_alpha,
+        lora_dropout,
+        use_dora,
+        quantize_base,
+    )
+
+
+def _linear(in_dim: int, out_dim: int, *, bias: bool, adapted: bool, lora: LoRASpec | None) -> nn.Module:
+    if lora is None or not adapted:
+        return nn.Linear(in_dim, out_dim, bias=bias)
+    cls = DoRALinear if lora.use_dora else LoRALinear
+    return cls(
+        in_dim,
+        out_dim,
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        use_bias=bias,
+        quantize_base=lora.quantize_base,
+    )
+
+
+def _rope(head_dim: int, max_seq_len: int, rope_base: float, rope_scaling: dict | None) -> nn.Module:
+    if rope_scaling is None:
+        return RotaryPositionalEmbeddings(head_dim, max_seq_len=max_seq_len, base=rope_base)
+    return Llama3ScaledRoPE(head_dim, max_seq_len=max_seq_len, base=rope_base, **rope_scaling)
+
+
+def build_decoder(
+    *,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    intermediate_dim: int,
+    max_seq_len: int,
+    head_dim: int | None = None,
+    attn_dropout: float = 0.0,
+    norm_eps: float = 1e-5,
+    rope_base: float = 10_000.0,
+    rope_scaling: dict | None = None,
+    tie_word_embeddings: bool = False,
+    q_proj_bias: bool = False,
+    k_proj_bias: bool = False,
+    v_proj_bias: bool = False,
+    qk_norm: bool = False,
+    sliding_windows: Sequence[int | None] | None = None,
+    attn_scale: float | None = None,
+    attn_softcapping: float | None = None,
+    final_softcapping: float | None = None,
+    gemma_norms: bool = False,
+    activation: str = "silu",
+    embed_scale: float | None = None,
+    lora: LoRASpec | None = None,
+) -> TransformerDecoder:
+    """Assembles a decoder from family switches (see the family component builders for their meaning).
+
+    ``gemma_norms`` selects Gemma's ``(1 + weight)`` RMSNorm and the extra post-attention and post-feed-forward
+    norms; ``rope_scaling`` holds ``Llama3ScaledRoPE`` arguments; ``sliding_windows`` one entry per layer.
+
+    Raises:
+        ValueError: for inconsistent sizes or LoRA on a tied output.
+    """
+    if head_dim is None:
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) is not divisible by num_heads ({num_heads}); pass head_dim.")
+        head_dim = embed_dim // num_heads
+    sliding_windows = list(sliding_windows) if sliding_windows is not None else [None] * num_layers
+    if len(sliding_windows) != num_layers:
+        raise ValueError(f"sliding_windows has {len(sliding_windows)} entries for {num_layers} layers.")
+    if lora is not None and lora.apply_to_output and tie_word_embeddings:
+        raise ValueError(
+            "apply_lora_to_output=True needs an untied output projection, but this model ties it to the token "
+            "embeddings; set apply_lora_to_output=False."
+        )
+    rope = _rope(head_dim, max_seq_len, rope_base, rope_scaling)  # shared by all layers: one cos/sin table
+    layers = [
+        _layer(
+            embed_dim=embed_dim,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_dim=intermediate_dim,
+            max_seq_len=max_seq_len,
+            attn_dropout=attn_dropout,
+            norm_eps=norm_eps,
+            biases=(q_proj_bias, k_proj_bias, v_proj_bias),
+            qk_norm=qk_norm,
+            sliding_window=window,
+            attn_scale=attn_scale,
+            attn_softcapping=attn_softcapping,
+            gemma_norms=gemma_norms,
+            activation=activation,
+            rope=rope,
+            lora=lora,
+        )
+        for window in sliding_windows
+    ]
+    tok_embeddings = nn.Embedding(vocab_size, embed_dim)
+    if tie_word_embeddings:
+        output = TiedLinear(tok_embeddings, softcapping=final_softcapping)
+    else:
+        if final_softcapping is not None:
+            raise ValueError("final_softcapping is only implemented for tied output embeddings (Gemma).")
+        adapted = lora is not None and lora.apply_to_output
+        output = _linear(embed_dim, vocab_size, bias=False, adapted=adapted, lora=lora)
+    return TransformerDecoder(
+        tok_embeddings=tok_embeddings,
+        layers=layers,
+        max_seq_len=max_seq_len,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        norm=RMSNorm(embed_dim, eps=norm_eps, add_unit_offset=gemma_norms),
+        output=output,
+        embed_scale=embed_scale,
+    )
+
+
+def _layer(
+    *,
+    embed_dim: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_dim: int,
+    max_seq_len: int,
+    attn_dropout: float,
+    norm_eps: float,
+    biases: tuple[bool, bool, bool],
+    qk_norm: bool,
+    sliding_window: int | None,
+    attn_scale: float | None,
+    attn_softcapping: float | None,
+    gemma_norms: bool,
+    activation: str,
+    rope: nn.Module,
+    lora: LoRASpec | None,
+) -> TransformerSelfAttentionLayer:
+    targets = set(lora.attn_modules) if lora is not None else set()
+    q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+
+    def norm(dim: int) -> RMSNorm:
+        return RMSNorm(dim, eps=norm_eps, add_unit_offset=gemma_norms)
+
+    attn = MultiHeadAttention(
+        embed_dim=embed_dim,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        q_proj=_linear(embed_dim, q_dim, bias=biases[0], adapted="q_proj" in targets, lora=lora),
+        k_proj=_linear(embed_dim, kv_dim, bias=biases[1], adapted="k_proj" in targets, lora=lora),
+        v_proj=_linear(embed_dim, kv_dim, bias=biases[2], adapted="v_proj" in targets, lora=lora),
+        output_proj=_linear(q_dim, embed_dim, bias=False, adapted="output_proj" in targets, lora=lora),
+        pos_embeddings=rope,
+        q_norm=norm(head_dim) if qk_norm else None,
+        k_norm=norm(head_dim) if qk_norm else None,
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        scale=attn_scale,
+        sliding_window=sliding_window,
+        softcapping=attn_softcapping,
+    )
+    on_mlp = lora is not None and lora.apply_to_mlp
+    mlp = FeedForward(
+        gate_proj=_linear(embed_dim, intermediate_dim, bias=False, adapted=on_mlp, lora=lora),
+        down_proj=_linear(intermediate_dim, embed_dim, bias=False, adapted=on_mlp, lora=lora),
+        up_proj=_linear(embed_dim, intermediate_dim, bias=False, adapted=on_mlp, lora=lora),
+        activation=_activation(activation),
+    )
+    return TransformerSelfAttentionLayer(
+        attn,
+        mlp,
+        sa_norm=norm(embed_dim),
+        mlp_norm=norm(embed_dim),
+        sa_scale=norm(embed_dim) if gemma_norms else None,
+        mlp_scale=norm(embed_dim) if gemma_norms else None,
+    )
+
+
+def _activation(name: str) -> nn.Module:
+    if name == "silu":
+        return nn.SiLU()
+    if name == "gelu_tanh":
+        return nn.GELU(approximate="tanh")
+    raise ValueError(f"Unknown activation {name!r}; supported: 'silu', 'gelu_tanh'.")

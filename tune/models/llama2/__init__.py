@@ -1,0 +1,57 @@
+"""Llama 2: builders, Hugging Face weight conversion, and the family's entry in ``tune.registry``."""
+
+from tune.models.llama2._component_builders import llama2, lora_llama2
+from tune.models.llama2._convert_weights import llama_from_hf_config, llama_hf_to_tune, llama_tune_to_hf
+from tune.models.llama2._model_builders import (
+    llama2_13b,
+    llama2_70b,
+    llama2_7b,
+    lora_llama2_13b,
+    lora_llama2_70b,
+    lora_llama2_7b,
+    qlora_llama2_13b,
+    qlora_llama2_70b,
+    qlora_llama2_7b,
+)
+from tune.registry import ModelFamily, register_model_family
+
+register_model_family(
+    ModelFamily(
+        name="llama2",
+        builders={
+            "llama2": llama2,
+            "lora_llama2": lora_llama2,
+            "llama2_7b": llama2_7b,
+            "lora_llama2_7b": lora_llama2_7b,
+            "qlora_llama2_7b": qlora_llama2_7b,
+            "llama2_13b": llama2_13b,
+            "lora_llama2_13b": lora_llama2_13b,
+            "qlora_llama2_13b": qlora_llama2_13b,
+            "llama2_70b": llama2_70b,
+            "lora_llama2_70b": lora_llama2_70b,
+            "qlora_llama2_70b": qlora_llama2_70b,
+        },
+        hf_to_tune=llama_hf_to_tune,
+        tune_to_hf=llama_tune_to_hf,
+        hf_model_types=("llama",),
+        from_hf_config=llama_from_hf_config,
+        aliases=(),
+    )
+)
+
+__all__ = [
+    "llama2",
+    "llama2_13b",
+    "llama2_70b",
+    "llama2_7b",
+    "llama_from_hf_config",
+    "llama_hf_to_tune",
+    "llama_tune_to_hf",
+    "lora_llama2",
+    "lora_llama2_13b",
+    "lora_llama2_70b",
+    "lora_llama2_7b",
+    "qlora_llama2_13b",
+    "qlora_llama2_70b",
+    "qlora_llama2_7b",
+]

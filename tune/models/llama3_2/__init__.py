@@ -1,0 +1,50 @@
+"""Llama 3.2 (text): builders, Hugging Face weight conversion, and the family's entry in ``tune.registry``."""
+
+from tune.models.llama3_2._component_builders import llama3_2, lora_llama3_2
+from tune.models.llama3_2._convert_weights import llama_hf_to_tune, llama_tune_to_hf
+from tune.models.llama3_2._model_builders import (
+    llama3_2_1b,
+    llama3_2_3b,
+    lora_llama3_2_1b,
+    lora_llama3_2_3b,
+    qlora_llama3_2_1b,
+    qlora_llama3_2_3b,
+)
+from tune.registry import ModelFamily, register_model_family
+
+# All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
+# a config.json (llama_from_hf_config reads RoPE scaling and tied embeddings), so this one registers no
+# from_hf_config.
+register_model_family(
+    ModelFamily(
+        name="llama3_2",
+        builders={
+            "llama3_2": llama3_2,
+            "lora_llama3_2": lora_llama3_2,
+            "llama3_2_1b": llama3_2_1b,
+            "lora_llama3_2_1b": lora_llama3_2_1b,
+            "qlora_llama3_2_1b": qlora_llama3_2_1b,
+            "llama3_2_3b": llama3_2_3b,
+            "lora_llama3_2_3b": lora_llama3_2_3b,
+            "qlora_llama3_2_3b": qlora_llama3_2_3b,
+        },
+        hf_to_tune=llama_hf_to_tune,
+        tune_to_hf=llama_tune_to_hf,
+        hf_model_types=("llama",),
+        from_hf_config=None,
+        aliases=(),
+    )
+)
+
+__all__ = [
+    "llama3_2",
+    "llama3_2_1b",
+    "llama3_2_3b",
+    "llama_hf_to_tune",
+    "llama_tune_to_hf",
+    "lora_llama3_2",
+    "lora_llama3_2_1b",
+    "lora_llama3_2_3b",
+    "qlora_llama3_2_1b",
+    "qlora_llama3_2_3b",
+]

@@ -1,0 +1,121 @@
+"""Mistral component builders: the architecture as a function of its dimensions."""
+
+from collections.abc import Sequence
+
+from tune.models._common import build_decoder, lora_spec
+from tune.modules import TransformerDecoder
+
+
+def mistral(
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    intermediate_dim: int,
+    attn_dropout: float = 0.0,
+    norm_eps: float = 1e-5,
+    rope_base: float = 10_000.0,
+    sliding_window: int | None = None,
+) -> TransformerDecoder:
+    """A Mistral decoder (Jiang et al., 2023, https://arxiv.org/abs/2310.06825).
+
+    Args:
+        vocab_size (int): tokens in the vocabulary.
+        num_layers (int): transformer layers.
+        num_heads (int): query heads.
+        num_kv_heads (int): key/value heads (fewer than num_heads for grouped-query attention).
+        embed_dim (int): model width.
+        max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
+        intermediate_dim (int): feed-forward hidden width.
+        attn_dropout (float): attention dropout. Default 0.0.
+        norm_eps (float): RMSNorm epsilon. Default 1e-5.
+        rope_base (float): RoPE theta. Default 10000.
+        sliding_window (int | None): every layer attends at most this many tokens back (4096 in Mistral 7B
+            v0.1); None for full attention. Default None.
+
+    Returns:
+        TransformerDecoder: the model, randomly initialised.
+    """
+    return build_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        rope_base=rope_base,
+        sliding_windows=[sliding_window] * num_layers,
+    )
+
+
+def lora_mistral(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    *,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    intermediate_dim: int,
+    attn_dropout: float = 0.0,
+    norm_eps: float = 1e-5,
+    rope_base: float = 10_000.0,
+    sliding_window: int | None = None,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+) -> TransformerDecoder:
+    """:func:`mistral` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
+
+    Args:
+        lora_attn_modules (Sequence[str]): attention projections to adapt, from
+            ``q_proj, k_proj, v_proj, output_proj``.
+        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
+        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
+        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, max_seq_len, intermediate_dim, attn_dropout,
+            norm_eps, rope_base, sliding_window: as in :func:`mistral`.
+        lora_rank (int): adapter rank. Default 8.
+        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
+        lora_dropout (float): dropout on the adapter input. Default 0.0.
+        use_dora (bool): DoRA instead of LoRA. Default False.
+        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
+
+    Returns:
+        TransformerDecoder: the model; only adapter parameters are meant to be trained.
+
+    Raises:
+        ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on a tied output.
+    """
+    return build_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        rope_base=rope_base,
+        sliding_windows=[sliding_window] * num_layers,
+        lora=lora_spec(
+            lora_attn_modules,
+            apply_lora_to_mlp,
+            apply_lora_to_output,
+            lora_rank,
+            lora_alpha,
+            lora_dropout,
+            use_dora,
+            quantize_base,
+        ),
+    )

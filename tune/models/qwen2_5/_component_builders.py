@@ -1,0 +1,132 @@
+"""Qwen2 / Qwen2.5 component builders: the architecture as a function of its dimensions."""
+
+from collections.abc import Sequence
+
+from tune.models._common import build_decoder, lora_spec
+from tune.modules import TransformerDecoder
+
+
+def qwen2(
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    intermediate_dim: int,
+    attn_dropout: float = 0.0,
+    norm_eps: float = 1e-6,
+    rope_base: float = 1_000_000.0,
+    tie_word_embeddings: bool = False,
+    sliding_windows: Sequence[int | None] | None = None,
+) -> TransformerDecoder:
+    """A Qwen2 / Qwen2.5 decoder (Qwen Team, 2024, https://arxiv.org/abs/2412.15115).
+
+    Args:
+        vocab_size (int): tokens in the vocabulary.
+        num_layers (int): transformer layers.
+        num_heads (int): query heads.
+        num_kv_heads (int): key/value heads (fewer than num_heads for grouped-query attention).
+        embed_dim (int): model width.
+        max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
+        intermediate_dim (int): feed-forward hidden width.
+        attn_dropout (float): attention dropout. Default 0.0.
+        norm_eps (float): RMSNorm epsilon. Default 1e-6.
+        rope_base (float): RoPE theta. Default 1e6.
+        tie_word_embeddings (bool): the output projection reuses the token embeddings (0.5B-3B). Default False.
+        sliding_windows (Sequence[int | None] | None): per-layer sliding window (``use_sliding_window`` in
+            Hugging Face configs; off in every released Qwen2.5). Default None: full attention.
+
+    Returns:
+        TransformerDecoder: the model, randomly initialised.
+    """
+    return build_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        rope_base=rope_base,
+        tie_word_embeddings=tie_word_embeddings,
+        q_proj_bias=True,
+        k_proj_bias=True,
+        v_proj_bias=True,
+        sliding_windows=sliding_windows,
+    )
+
+
+def lora_qwen2(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    *,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    intermediate_dim: int,
+    attn_dropout: float = 0.0,
+    norm_eps: float = 1e-6,
+    rope_base: float = 1_000_000.0,
+    tie_word_embeddings: bool = False,
+    sliding_windows: Sequence[int | None] | None = None,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+) -> TransformerDecoder:
+    """:func:`qwen2` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
+
+    Args:
+        lora_attn_modules (Sequence[str]): attention projections to adapt, from
+            ``q_proj, k_proj, v_proj, output_proj``.
+        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
+        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
+        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, max_seq_len, intermediate_dim, attn_dropout,
+            norm_eps, rope_base, tie_word_embeddings, sliding_windows: as in :func:`qwen2`.
+        lora_rank (int): adapter rank. Default 8.
+        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
+        lora_dropout (float): dropout on the adapter input. Default 0.0.
+        use_dora (bool): DoRA instead of LoRA. Default False.
+        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
+
+    Returns:
+        TransformerDecoder: the model; only adapter parameters are meant to be trained.
+
+    Raises:
+        ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on a tied output.
+    """
+    return build_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        rope_base=rope_base,
+        tie_word_embeddings=tie_word_embeddings,
+        q_proj_bias=True,
+        k_proj_bias=True,
+        v_proj_bias=True,
+        sliding_windows=sliding_windows,
+        lora=lora_spec(
+            lora_attn_modules,
+            apply_lora_to_mlp,
+            apply_lora_to_output,
+            lora_rank,
+            lora_alpha,
+            lora_dropout,
+            use_dora,
+            quantize_base,
+        ),
+    )

@@ -1,0 +1,226 @@
+"""Multi-head attention with grouped key/value heads (MHA, GQA and MQA in one module)."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tune.modules._kv_cache import KVCache
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention whose projections, norms and position embedding are given by the builder.
+
+    ``num_kv_heads == num_heads`` is multi-head attention, ``1 < num_kv_heads < num_heads`` grouped-query
+    attention (Ainslie et al., 2023, https://arxiv.org/abs/2305.13245), ``num_kv_heads == 1`` multi-query.
+    Attention runs through ``F.scaled_dot_product_attention`` (its ``is_causal`` fast path when no mask is needed),
+    except with logit soft-capping, which SDPA cannot express and which therefore uses an explicit float32
+    softmax.
+
+    Args:
+        embed_dim (int): model width.
+        num_heads (int): query heads.
+        num_kv_heads (int): key/value heads; must divide ``num_heads``.
+        head_dim (int): features per head.
+        q_proj (nn.Module): embed_dim -> num_heads * head_dim.
+        k_proj (nn.Module): embed_dim -> num_kv_heads * head_dim.
+        v_proj (nn.Module): embed_dim -> num_kv_heads * head_dim.
+        output_proj (nn.Module): num_heads * head_dim -> embed_dim.
+        pos_embeddings (nn.Module | None): applied to queries and keys [b, s, heads, head_dim] as
+            ``pos_embeddings(x, input_pos=...)``; None for no position embedding.
+        q_norm (nn.Module | None): per-head norm of the queries before RoPE (Qwen3).
+        k_norm (nn.Module | None): per-head norm of the keys before RoPE.
+        kv_cache (KVCache | None): a cache for generation; usually created by ``setup_cache``.
+        max_seq_len (int): the default KV-cache capacity. Default 4096.
+        is_causal (bool): causal masking when no mask is given. Default True.
+        attn_dropout (float): dropout on attention probabilities during training. Default 0.0.
+        scale (float | None): multiplies q·k; default ``head_dim ** -0.5`` (Gemma 2 uses
+            ``query_pre_attn_scalar ** -0.5``).
+        sliding_window (int | None): a query attends only keys fewer than this many tokens back (Mistral,
+            Gemma 2 local layers, Phi-3). None for full attention.
+        softcapping (float | None): caps attention logits smoothly to ``(-c, c)`` with ``c * tanh(x / c)``
+            (Gemma 2). None for no capping.
+
+    Raises:
+        ValueError: if the head counts are inconsistent or a probability is out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        embed_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        q_proj: nn.Module,
+        k_proj: nn.Module,
+        v_proj: nn.Module,
+        output_proj: nn.Module,
+        pos_embeddings: nn.Module | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        kv_cache: KVCache | None = None,
+        max_seq_len: int = 4096,
+        is_causal: bool = True,
+        attn_dropout: float = 0.0,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        softcapping: float | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) so query heads split "
+                "evenly into key/value groups."
+            )
+        if not 0.0 <= attn_dropout <= 1.0:
+            raise ValueError(f"attn_dropout must be in [0, 1], got {attn_dropout}.")
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("q_norm and k_norm must be given together (both or neither).")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive number of tokens or None, got {sliding_window}.")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.max_seq_len = max_seq_len
+        self.is_causal = is_causal
+        self.attn_dropout = attn_dropout
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.sliding_window = sliding_window
+        self.softcapping = softcapping
+        self.q_proj = q_proj
+        self.k_proj = k_proj
+        self.v_proj = v_proj
+        self.output_proj = output_proj
+        self.pos_embeddings = pos_embeddings
+        self.q_norm = q_norm
+        self.k_norm = k_norm
+        self.kv_cache = kv_cache
+
+    def setup_cache(self, batch_size: int, dtype: torch.dtype, max_seq_len: int | None = None) -> None:
+        """Allocates a KV cache (on the device of ``q_proj``'s parameters) for generation."""
+        device = next(self.q_proj.parameters()).device
+        self.kv_cache = KVCache(
+            batch_size, max_seq_len or self.max_seq_len, self.num_kv_heads, self.head_dim, dtype, device
+        )
+
+    def reset_cache(self) -> None:
+        """Empties the KV cache.
+
+        Raises:
+            RuntimeError: if no cache was set up.
+        """
+        if self.kv_cache is None:
+            raise RuntimeError("No KV cache to reset: call setup_cache (or model.setup_caches) first.")
+        self.kv_cache.reset()
+
+    def forward(
+        self, x: torch.Tensor, *, mask: torch.Tensor | None = None, input_pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Attends ``x`` to itself (and to the cached past during generation).
+
+        Args:
+            x (torch.Tensor): [b, s, embed_dim].
+            mask (torch.Tensor | None): [b, s, s_kv] bool, True where a query may attend a key; None for causal
+                (or no) masking. With a KV cache, ``s_kv`` may be the cache capacity or the number of cached
+                tokens after this step.
+            input_pos (torch.Tensor | None): [b, s] positions for RoPE; None for ``0..s-1`` (offset by the cached
+                tokens when a KV cache is active).
+
+        Returns:
+            torch.Tensor: [b, s, embed_dim].
+        """
+        batch_size, seq_len, _ = x.shape
+        q = self.q_proj(x).view(batch_size, seq_len, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch_size, seq_len, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch_size, seq_len, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        offset = self.kv_cache.size if self.kv_cache is not None else 0
+        if self.pos_embeddings is not None:
+            if input_pos is None and offset:
+                input_pos = torch.arange(offset, offset + seq_len, device=x.device).expand(batch_size, seq_len)
+            q = self.pos_embeddings(q, input_pos=input_pos)
+            k = self.pos_embeddings(k, input_pos=input_pos)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, head_dim]
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(k, v)  # [b, num_kv_heads, s_kv, head_dim]
+        attn_mask = self._build_mask(mask, seq_len, k.shape[2], offset, x.device)
+        out = self._attend(q, k, v, attn_mask)  # [b, num_heads, s, head_dim]
+        out = out.transpose(1, 2).reshape(batch_size, seq_len, self.num_heads * self.head_dim)
+        return self.output_proj(out)
+
+    def _build_mask(
+        self, mask: torch.Tensor | None, seq_len: int, kv_len: int, offset: int, device: torch.device
+    ) -> torch.Tensor | None:
+        """A [b or 1, 1, s, s_kv] bool mask, or None when SDPA's is_causal (or no mask) says the same."""
+        window = self.sliding_window if self.sliding_window is not None and kv_len > self.sliding_window else None
+        if mask is None:
+            if not self.is_causal and window is None:
+                return None
+            if offset == 0 and window is None and self.softcapping is None:
+                return None  # plain causal: is_causal fast path
+            if offset and seq_len == 1 and window is None:
+                return None  # one new token may see the whole cache
+        q_idx = torch.arange(offset, offset + seq_len, device=device)[:, None]
+        k_idx = torch.arange(kv_len, device=device)[None, :]
+        if mask is None:
+            if self.is_causal:
+                allowed = (k_idx <= q_idx)[None]  # [1, s, s_kv]
+            else:
+                allowed = torch.ones(1, seq_len, kv_len, dtype=torch.bool, device=device)
+        else:
+            allowed = self._fit_mask(mask, seq_len, kv_len)
+        if window is not None:
+            allowed = allowed & (k_idx > q_idx - window)[None]
+        return allowed[:, None]
+
+    @staticmethod
+    def _fit_mask(mask: torch.Tensor, seq_len: int, kv_len: int) -> torch.Tensor:
+        if mask.dim() != 3 or mask.shape[1] != seq_len:
+            raise ValueError(
+                f"mask must be [batch, seq, seq_kv] bool with seq={seq_len}, got shape {tuple(mask.shape)}."
+            )
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor (True = may attend), got dtype {mask.dtype}.")
+        if mask.shape[2] >= kv_len:
+            return mask[:, :, :kv_len]  # a mask over the whole cache capacity: only filled entries matter
+        return F.pad(mask, (0, kv_len - mask.shape[2]), value=False)
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        dropout = self.attn_dropout if self.training else 0.0
+        if self.softcapping is not None:
+            return self._softcapped_attention(q, k, v, attn_mask, dropout)
+        is_causal = attn_mask is None and self.is_causal and q.shape[2] == k.shape[2]
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=dropout,
+            is_causal=is_causal,
+            scale=self.scale,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )
+
+    def _softcapped_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        dropout: float,
+    ) -> torch.Tensor:
+        # SDPA has no hook between q·k and softmax, so capping needs the scores materialised (Gemma 2).
+        groups = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(groups, dim=1)  # query head h uses key/value head h // groups
+        v = v.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [b, num_heads, s, s_kv]
+        scores = torch.tanh(scores / self.softcapping) * self.softcapping
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        probs = F.dropout(probs, p=dropout, training=self.training)
+        return torch.matmul(probs, v)

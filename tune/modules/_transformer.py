@@ -1,0 +1,169 @@
+"""The decoder-only transformer and its self-attention layer."""
+
+import torch
+from torch import nn
+
+from tune.modules._attention import MultiHeadAttention
+
+
+class TransformerSelfAttentionLayer(nn.Module):
+    """A pre-norm transformer block: ``h = x + sa_scale(attn(sa_norm(x)))``, ``out = h + mlp_scale(mlp(mlp_norm(h)))``.
+
+    Args:
+        attn (MultiHeadAttention): the self-attention.
+        mlp (nn.Module): the feed-forward block.
+        sa_norm (nn.Module | None): norm before attention. Default: identity.
+        mlp_norm (nn.Module | None): norm before the feed-forward block. Default: identity.
+        sa_scale (nn.Module | None): applied to the attention output before the residual add (Gemma 2's
+            post-attention norm). Default: identity.
+        mlp_scale (nn.Module | None): applied to the feed-forward output before the residual add (Gemma 2's
+            post-feed-forward norm). Default: identity.
+    """
+
+    def __init__(
+        self,
+        attn: MultiHeadAttention,
+        mlp: nn.Module,
+        *,
+        sa_norm: nn.Module | None = None,
+        mlp_norm: nn.Module | None = None,
+        sa_scale: nn.Module | None = None,
+        mlp_scale: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.attn = attn
+        self.mlp = mlp
+        self.sa_norm = sa_norm if sa_norm is not None else nn.Identity()
+        self.mlp_norm = mlp_norm if mlp_norm is not None else nn.Identity()
+        self.sa_scale = sa_scale if sa_scale is not None else nn.Identity()
+        self.mlp_scale = mlp_scale if mlp_scale is not None else nn.Identity()
+
+    def setup_cache(self, batch_size: int, dtype: torch.dtype, *, decoder_max_seq_len: int) -> None:
+        """Allocates the attention's KV cache."""
+        self.attn.setup_cache(batch_size, dtype, decoder_max_seq_len)
+
+    def caches_are_enabled(self) -> bool:
+        """Whether the attention has a KV cache."""
+        return self.attn.kv_cache is not None
+
+    def reset_cache(self) -> None:
+        """Empties the attention's KV cache."""
+        self.attn.reset_cache()
+
+    def forward(
+        self, x: torch.Tensor, *, mask: torch.Tensor | None = None, input_pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[b, s, embed_dim] -> [b, s, embed_dim]; ``mask`` and ``input_pos`` as in MultiHeadAttention."""
+        h = x + self.sa_scale(self.attn(self.sa_norm(x), mask=mask, input_pos=input_pos))
+        return h + self.mlp_scale(self.mlp(self.mlp_norm(h)))
+
+
+class TransformerDecoder(nn.Module):
+    """Token embedding, a stack of layers, a final norm and an output projection to vocabulary logits.
+
+    Set ``skip_output_layer = True`` to get the final normed hidden states instead of logits (a chunked loss then
+    applies ``model.output`` itself, chunk by chunk, without materialising all logits).
+
+    Args:
+        tok_embeddings (nn.Embedding): vocab_size -> embed_dim.
+        layers (nn.ModuleList | list[nn.Module]): the transformer layers.
+        max_seq_len (int): the longest sequence the model supports (and the default KV-cache capacity).
+        num_heads (int): query heads per layer (recorded for tools such as generation).
+        head_dim (int): features per head.
+        norm (nn.Module): the final norm.
+        output (nn.Module): embed_dim -> vocab_size (``nn.Linear``, ``TiedLinear`` or a LoRA layer).
+        embed_scale (float | None): multiplies the embeddings (Gemma uses ``sqrt(embed_dim)``, rounded to the
+            activation dtype as Hugging Face does). None for no scaling.
+    """
+
+    def __init__(
+        self,
+        *,
+        tok_embeddings: nn.Embedding,
+        layers: nn.ModuleList | list[nn.Module],
+        max_seq_len: int,
+        num_heads: int,
+        head_dim: int,
+        norm: nn.Module,
+        output: nn.Module,
+        embed_scale: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.tok_embeddings = tok_embeddings
+        self.layers = layers if isinstance(layers, nn.ModuleList) else nn.ModuleList(layers)
+        self.norm = norm
+        self.output = output
+        self.max_seq_len = max_seq_len
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.embed_scale = embed_scale
+        self.skip_output_layer = False
+
+    def setup_caches(self, batch_size: int, dtype: torch.dtype, decoder_max_seq_len: int | None = None) -> None:
+        """Allocates a KV cache in every layer for generation.
+
+        Args:
+            batch_size (int): rows generated at once.
+            dtype (torch.dtype): cache dtype (usually the model's).
+            decoder_max_seq_len (int | None): capacity in tokens (prompt + new tokens). Default ``max_seq_len``.
+        """
+        capacity = decoder_max_seq_len or self.max_seq_len
+        for layer in self.layers:
+            layer.setup_cache(batch_size, dtype, decoder_max_seq_len=capacity)
+
+    def caches_are_enabled(self) -> bool:
+        """Whether KV caches are set up (then every forward appends to them)."""
+        return self.layers[0].caches_are_enabled()
+
+    caches_are_setup = caches_are_enabled
+
+    def reset_caches(self) -> None:
+        """Empties every KV cache (before generating for a new batch).
+
+        Raises:
+            RuntimeError: if no caches are set up.
+        """
+        if not self.caches_are_enabled():
+            raise RuntimeError("No KV caches to reset: call model.setup_caches(batch_size, dtype) first.")
+        for layer in self.layers:
+            layer.reset_cache()
+
+    def delete_caches(self) -> None:
+        """Removes the KV caches and frees their memory (back to training mode behaviour)."""
+        for layer in self.layers:
+            layer.attn.kv_cache = None
+
+    def forward(
+        self, tokens: torch.Tensor, *, mask: torch.Tensor | None = None, input_pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Computes logits (or final hidden states when ``skip_output_layer``).
+
+        Args:
+            tokens (torch.Tensor): [b, s] int64 token ids.
+            mask (torch.Tensor | None): [b, s, s_kv] bool, True where a query may attend a key (padding or packed
+                documents); None for plain causal attention.
+            input_pos (torch.Tensor | None): [b, s] int64 positions (per-document for packed sequences); None
+                for ``0..s-1``.
+
+        Returns:
+            torch.Tensor: [b, s, vocab_size] float32 logits, or [b, s, embed_dim] hidden states.
+
+        Raises:
+            ValueError: if ``tokens`` is not 2-D or longer than ``max_seq_len``.
+        """
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be [batch, seq] token ids, got shape {tuple(tokens.shape)}.")
+        if tokens.shape[1] > self.max_seq_len:
+            raise ValueError(
+                f"Sequence length {tokens.shape[1]} exceeds the model's max_seq_len {self.max_seq_len}; truncate "
+                "the inputs (e.g. tokenizer.max_seq_len) or build the model with a larger max_seq_len."
+            )
+        h = self.tok_embeddings(tokens)
+        if self.embed_scale is not None:
+            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        for layer in self.layers:
+            h = layer(h, mask=mask, input_pos=input_pos)
+        h = self.norm(h)
+        if self.skip_output_layer:
+            return h
+        return self.output(h).float()
