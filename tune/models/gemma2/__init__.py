@@ -13,11 +13,13 @@ from tune.models.gemma2._model_builders import (
     qlora_gemma2_2b,
     qlora_gemma2_9b,
 )
+from tune.models.gemma2._tokenizer import gemma2_tokenizer, gemma_tokenizer
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
     ModelFamily(
         name="gemma2",
+        tokenizer=gemma2_tokenizer,
         builders={
             "gemma2": gemma2,
             "lora_gemma2": lora_gemma2,
@@ -46,7 +48,9 @@ __all__ = [
     "gemma2_9b",
     "gemma2_from_hf_config",
     "gemma2_hf_to_tune",
+    "gemma2_tokenizer",
     "gemma2_tune_to_hf",
+    "gemma_tokenizer",
     "lora_gemma2",
     "lora_gemma2_27b",
     "lora_gemma2_2b",

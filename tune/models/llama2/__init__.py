@@ -13,11 +13,13 @@ from tune.models.llama2._model_builders import (
     qlora_llama2_70b,
     qlora_llama2_7b,
 )
+from tune.models.llama2._tokenizer import llama2_tokenizer
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
     ModelFamily(
         name="llama2",
+        tokenizer=llama2_tokenizer,
         builders={
             "llama2": llama2,
             "lora_llama2": lora_llama2,
@@ -44,6 +46,7 @@ __all__ = [
     "llama2_13b",
     "llama2_70b",
     "llama2_7b",
+    "llama2_tokenizer",
     "llama_from_hf_config",
     "llama_hf_to_tune",
     "llama_tune_to_hf",

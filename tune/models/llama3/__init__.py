@@ -10,6 +10,7 @@ from tune.models.llama3._model_builders import (
     qlora_llama3_70b,
     qlora_llama3_8b,
 )
+from tune.models.llama3._tokenizer import llama3_tokenizer, llama3_special_tokens
 from tune.registry import ModelFamily, register_model_family
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -18,6 +19,7 @@ from tune.registry import ModelFamily, register_model_family
 register_model_family(
     ModelFamily(
         name="llama3",
+        tokenizer=llama3_tokenizer,
         builders={
             "llama3": llama3,
             "lora_llama3": lora_llama3,
@@ -40,6 +42,8 @@ __all__ = [
     "llama3",
     "llama3_70b",
     "llama3_8b",
+    "llama3_special_tokens",
+    "llama3_tokenizer",
     "llama_hf_to_tune",
     "llama_tune_to_hf",
     "lora_llama3",

@@ -13,6 +13,7 @@ from tune.models.llama3_1._model_builders import (
     qlora_llama3_1_70b,
     qlora_llama3_1_8b,
 )
+from tune.models.llama3 import llama3_tokenizer
 from tune.registry import ModelFamily, register_model_family
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -21,6 +22,7 @@ from tune.registry import ModelFamily, register_model_family
 register_model_family(
     ModelFamily(
         name="llama3_1",
+        tokenizer=llama3_tokenizer,
         builders={
             "llama3_1": llama3_1,
             "lora_llama3_1": lora_llama3_1,
@@ -47,6 +49,7 @@ __all__ = [
     "llama3_1_405b",
     "llama3_1_70b",
     "llama3_1_8b",
+    "llama3_tokenizer",
     "llama_hf_to_tune",
     "llama_tune_to_hf",
     "lora_llama3_1",

@@ -10,6 +10,7 @@ from tune.models.llama3_2._model_builders import (
     qlora_llama3_2_1b,
     qlora_llama3_2_3b,
 )
+from tune.models.llama3 import llama3_tokenizer
 from tune.registry import ModelFamily, register_model_family
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -18,6 +19,7 @@ from tune.registry import ModelFamily, register_model_family
 register_model_family(
     ModelFamily(
         name="llama3_2",
+        tokenizer=llama3_tokenizer,
         builders={
             "llama3_2": llama3_2,
             "lora_llama3_2": lora_llama3_2,
@@ -40,6 +42,7 @@ __all__ = [
     "llama3_2",
     "llama3_2_1b",
     "llama3_2_3b",
+    "llama3_tokenizer",
     "llama_hf_to_tune",
     "llama_tune_to_hf",
     "lora_llama3_2",

@@ -2,6 +2,7 @@
 
 from tune.models.llama2 import llama_hf_to_tune, llama_tune_to_hf
 from tune.models.llama3_3._model_builders import llama3_3_70b, lora_llama3_3_70b, qlora_llama3_3_70b
+from tune.models.llama3 import llama3_tokenizer
 from tune.registry import ModelFamily, register_model_family
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -10,6 +11,7 @@ from tune.registry import ModelFamily, register_model_family
 register_model_family(
     ModelFamily(
         name="llama3_3",
+        tokenizer=llama3_tokenizer,
         builders={
             "llama3_3_70b": llama3_3_70b,
             "lora_llama3_3_70b": lora_llama3_3_70b,
@@ -25,6 +27,7 @@ register_model_family(
 
 __all__ = [
     "llama3_3_70b",
+    "llama3_tokenizer",
     "llama_hf_to_tune",
     "llama_tune_to_hf",
     "lora_llama3_3_70b",

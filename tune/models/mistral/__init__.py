@@ -3,11 +3,13 @@
 from tune.models.mistral._component_builders import lora_mistral, mistral
 from tune.models.mistral._convert_weights import mistral_from_hf_config, mistral_hf_to_tune, mistral_tune_to_hf
 from tune.models.mistral._model_builders import lora_mistral_7b, mistral_7b, qlora_mistral_7b
+from tune.models.mistral._tokenizer import mistral_tokenizer
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
     ModelFamily(
         name="mistral",
+        tokenizer=mistral_tokenizer,
         builders={
             "mistral": mistral,
             "lora_mistral": lora_mistral,
@@ -30,6 +32,7 @@ __all__ = [
     "mistral_7b",
     "mistral_from_hf_config",
     "mistral_hf_to_tune",
+    "mistral_tokenizer",
     "mistral_tune_to_hf",
     "qlora_mistral_7b",
 ]

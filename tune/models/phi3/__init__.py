@@ -3,11 +3,13 @@
 from tune.models.phi3._component_builders import lora_phi3, phi3
 from tune.models.phi3._convert_weights import phi3_from_hf_config, phi3_hf_to_tune, phi3_tune_to_hf
 from tune.models.phi3._model_builders import lora_phi3_mini, phi3_mini, qlora_phi3_mini
+from tune.models.phi3._tokenizer import phi3_mini_tokenizer
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
     ModelFamily(
         name="phi3",
+        tokenizer=phi3_mini_tokenizer,
         builders={
             "phi3": phi3,
             "lora_phi3": lora_phi3,
@@ -30,6 +32,7 @@ __all__ = [
     "phi3_from_hf_config",
     "phi3_hf_to_tune",
     "phi3_mini",
+    "phi3_mini_tokenizer",
     "phi3_tune_to_hf",
     "qlora_phi3_mini",
 ]

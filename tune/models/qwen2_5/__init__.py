@@ -40,11 +40,13 @@ from tune.models.qwen2_5._model_builders import (
     qwen2_5_7b_base,
     qwen2_5_7b_instruct,
 )
+from tune.models.qwen2_5._tokenizer import qwen2_5_tokenizer
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
     ModelFamily(
         name="qwen2_5",
+        tokenizer=qwen2_5_tokenizer,
         builders={
             "qwen2": qwen2,
             "lora_qwen2": lora_qwen2,
@@ -132,6 +134,7 @@ __all__ = [
     "qwen2_5_72b_instruct",
     "qwen2_5_7b_base",
     "qwen2_5_7b_instruct",
+    "qwen2_5_tokenizer",
     "qwen2_from_hf_config",
     "qwen2_hf_to_tune",
     "qwen2_tune_to_hf",

@@ -37,11 +37,13 @@ from tune.models.qwen3._model_builders import (
     qwen3_8b_base,
     qwen3_8b_instruct,
 )
+from tune.models.qwen3._tokenizer import qwen3_tokenizer
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
     ModelFamily(
         name="qwen3",
+        tokenizer=qwen3_tokenizer,
         builders={
             "qwen3": qwen3,
             "lora_qwen3": lora_qwen3,
@@ -125,5 +127,6 @@ __all__ = [
     "qwen3_8b_instruct",
     "qwen3_from_hf_config",
     "qwen3_hf_to_tune",
+    "qwen3_tokenizer",
     "qwen3_tune_to_hf",
 ]

@@ -1,0 +1,193 @@
+"""Writes the shipped per-model configs under configs/<family>/ from the table below.
+
+The YAML files are the source of truth once written (edit them directly; `tune validate` and
+tests/test_configs.py check every one). This script exists so that adding a model size or changing a shared
+default across families is one edit and one run:
+
+    python tools/make_configs.py            # rewrite configs/<family>/*.yaml
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Size:
+    family: str  # tune.models.<family>
+    size: str  # file-name size, e.g. "1B"
+    builder: str  # model builder, e.g. "llama3_2_1b"
+    repo: str  # Hugging Face repo id
+    model_type: str  # checkpointer model_type (torchtune's names)
+    tokenizer: str  # tune.models.<x>.<tokenizer builder>
+    tokenizer_path: str  # relative to the download directory
+    checkpoint_files: str | None  # a single file name, or None: read the safetensors index
+    methods: tuple[str, ...]  # subset of full, lora, qlora
+    big: bool = False  # >= 7B: activation checkpointing on, optimizer in backward for full fine-tuning
+    extra_ignore: str = ""
+    tokenizer_extra: dict = field(default_factory=dict)
+
+
+def _dl_dir(repo: str) -> str:
+    return "/tmp/" + repo.split("/")[-1]
+
+
+L2, L3 = "llama2.llama2_tokenizer", "llama3.llama3_tokenizer"
+ORIG = "original/tokenizer.model"
+SIZES = [
+    Size("llama2", "7B", "llama2_7b", "meta-llama/Llama-2-7b-hf", "LLAMA2", L2, "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
+    Size("llama2", "13B", "llama2_13b", "meta-llama/Llama-2-13b-hf", "LLAMA2", L2, "tokenizer.model", None, ("lora", "qlora"), big=True),
+    Size("llama2", "70B", "llama2_70b", "meta-llama/Llama-2-70b-hf", "LLAMA2", L2, "tokenizer.model", None, ("qlora",), big=True),
+    Size("llama3", "8B", "llama3_8b", "meta-llama/Meta-Llama-3-8B-Instruct", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),
+    Size("llama3", "70B", "llama3_70b", "meta-llama/Meta-Llama-3-70B-Instruct", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
+    Size("llama3_1", "8B", "llama3_1_8b", "meta-llama/Meta-Llama-3.1-8B-Instruct", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),
+    Size("llama3_1", "70B", "llama3_1_70b", "meta-llama/Meta-Llama-3.1-70B-Instruct", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
+    Size("llama3_2", "1B", "llama3_2_1b", "meta-llama/Llama-3.2-1B-Instruct", "LLAMA3_2", L3, ORIG, "model.safetensors", ("full", "lora", "qlora"), extra_ignore="original/consolidated.00.pth"),
+    Size("llama3_2", "3B", "llama3_2_3b", "meta-llama/Llama-3.2-3B-Instruct", "LLAMA3_2", L3, ORIG, None, ("full", "lora", "qlora"), extra_ignore="original/consolidated.00.pth"),
+    Size("llama3_3", "70B", "llama3_3_70b", "meta-llama/Llama-3.3-70B-Instruct", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
+    Size("mistral", "7B", "mistral_7b", "mistralai/Mistral-7B-Instruct-v0.2", "MISTRAL", "mistral.mistral_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
+    Size("qwen2_5", "0.5B", "qwen2_5_0_5b", "Qwen/Qwen2.5-0.5B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
+    Size("qwen2_5", "1.5B", "qwen2_5_1_5b_instruct", "Qwen/Qwen2.5-1.5B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
+    Size("qwen2_5", "3B", "qwen2_5_3b", "Qwen/Qwen2.5-3B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
+    Size("qwen2_5", "7B", "qwen2_5_7b_instruct", "Qwen/Qwen2.5-7B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora"), big=True),
+    Size("qwen2_5", "14B", "qwen2_5_14b_instruct", "Qwen/Qwen2.5-14B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("lora", "qlora"), big=True),
+    Size("qwen2_5", "32B", "qwen2_5_32b_instruct", "Qwen/Qwen2.5-32B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
+    Size("qwen2_5", "72B", "qwen2_5_72b_instruct", "Qwen/Qwen2.5-72B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
+    Size("qwen3", "0.6B", "qwen3_0_6b_instruct", "Qwen/Qwen3-0.6B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
+    Size("qwen3", "1.7B", "qwen3_1_7b_instruct", "Qwen/Qwen3-1.7B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
+    Size("qwen3", "4B", "qwen3_4b_instruct", "Qwen/Qwen3-4B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
+    Size("qwen3", "8B", "qwen3_8b_instruct", "Qwen/Qwen3-8B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora"), big=True),
+    Size("qwen3", "14B", "qwen3_14b_instruct", "Qwen/Qwen3-14B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("lora", "qlora"), big=True),
+    Size("qwen3", "32B", "qwen3_32b", "Qwen/Qwen3-32B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
+    Size("gemma2", "2B", "gemma2_2b", "google/gemma-2-2b-it", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora")),
+    Size("gemma2", "9B", "gemma2_9b", "google/gemma-2-9b-it", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
+    Size("gemma2", "27B", "gemma2_27b", "google/gemma-2-27b-it", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("lora", "qlora"), big=True),
+    Size("phi3", "mini", "phi3_mini", "microsoft/Phi-3-mini-4k-instruct", "PHI3_MINI", "phi3.phi3_mini_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora")),
+]
+
+RECIPE = {"full": "full_finetune_single_device", "lora": "lora_finetune_single_device", "qlora": "lora_finetune_single_device"}
+
+
+def _header(s: Size, method: str) -> str:
+    what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning (NF4 base weights)"}[method]
+    ignore = f" --ignore-patterns \"{s.extra_ignore}\"" if s.extra_ignore else ""
+    name = f"{s.family}/{s.size}_{method}_single_device"
+    return (
+        f"# {what} of {s.repo} on one device, with {RECIPE[method]}.py.\n"
+        "#\n"
+        "# Download the model first:\n"
+        f"#   tune download {s.repo} --output-dir {_dl_dir(s.repo)}{ignore}\n"
+        "#\n"
+        "# Then run:\n"
+        f"#   tune run {RECIPE[method]} --config {name}\n"
+        "#\n"
+        "# Any key can be overridden on the command line, e.g. batch_size=8 dataset.packed=True.\n\n"
+    )
+
+
+def _model(s: Size, method: str) -> str:
+    if method == "full":
+        return f"model:\n  _component_: tune.models.{s.family}.{s.builder}\n"
+    prefix = "qlora_" if method == "qlora" else "lora_"
+    rank, alpha = (8, 16) if s.big else (64, 128)
+    return (
+        "model:\n"
+        f"  _component_: tune.models.{s.family}.{prefix}{s.builder}\n"
+        "  lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']\n"
+        "  apply_lora_to_mlp: True\n"
+        "  apply_lora_to_output: False\n"
+        f"  lora_rank: {rank}  # higher rank: more capacity, more memory\n"
+        f"  lora_alpha: {alpha}  # the update is scaled by lora_alpha / lora_rank\n"
+        "  lora_dropout: 0.0\n"
+    )
+
+
+def _checkpointer(s: Size, method: str) -> str:
+    files = f"[{s.checkpoint_files}]" if s.checkpoint_files else "null  # null: every shard listed in model.safetensors.index.json"
+    adapter = "  adapter_checkpoint: null\n" if method != "full" else ""
+    return (
+        "checkpointer:\n"
+        "  _component_: tune.training.FullModelHFCheckpointer\n"
+        f"  checkpoint_dir: {_dl_dir(s.repo)}\n"
+        f"  checkpoint_files: {files}\n"
+        f"{adapter}"
+        "  recipe_checkpoint: null\n"
+        "  output_dir: ${output_dir}\n"
+        f"  model_type: {s.model_type}\n"
+        "resume_from_checkpoint: False\n"
+    )
+
+
+def render(s: Size, method: str) -> str:
+    full = method == "full"
+    lr = "2e-5" if full else "3e-4"
+    batch = 2 if s.big else 4
+    accumulate = 8 if s.big else 4
+    opt_in_bwd = full and s.big
+    out = _header(s, method)
+    out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{method}_single_device\n\n"
+    out += _model(s, method) + "\n"
+    out += (
+        "tokenizer:\n"
+        f"  _component_: tune.models.{s.tokenizer}\n"
+        f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
+        "  max_seq_len: 2048\n\n"
+    )
+    out += _checkpointer(s, method)
+    if not full:
+        out += "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
+    out += (
+        "save_every_n_steps: null  # null: save at the end of each epoch only\n"
+        "keep_last_n_checkpoints: null\n\n"
+        "dataset:\n"
+        "  _component_: tune.datasets.alpaca_cleaned_dataset\n"
+        "  packed: False  # True packs samples into max_seq_len sequences: faster, same loss\n"
+        "seed: null\n"
+        "shuffle: True\n"
+        f"batch_size: {batch}\n\n"
+        "optimizer:\n"
+        "  _component_: torch.optim.AdamW\n"
+        "  fused: True\n"
+        f"  weight_decay: {'0.0' if full else '0.01'}\n"
+        f"  lr: {lr}\n"
+        "lr_scheduler:\n"
+        "  _component_: tune.training.lr_schedulers.get_cosine_schedule_with_warmup\n"
+        "  num_warmup_steps: 100\n"
+        f"optimizer_in_bwd: {opt_in_bwd}  # True: step each parameter as its gradient is ready (saves memory; no clipping or accumulation)\n"
+        "loss:\n"
+        "  _component_: tune.modules.loss.LinearCrossEntropyLoss\n\n"
+        "epochs: 1\n"
+        "max_steps_per_epoch: null\n"
+        f"gradient_accumulation_steps: {1 if opt_in_bwd else accumulate}\n"
+        "clip_grad_norm: null\n"
+        "compile: False  # torch.compile the model and loss: faster steps after a slower first one\n\n"
+        "metric_logger:\n"
+        "  _component_: tune.training.metric_logging.DiskLogger\n"
+        "  log_dir: ${output_dir}/logs\n"
+        "log_every_n_steps: 1\n"
+        "log_peak_memory_stats: True\n\n"
+        "device: cuda\n"
+        "dtype: bf16\n\n"
+        f"enable_activation_checkpointing: {s.big or full}\n"
+        "enable_activation_offloading: False\n\n"
+        "profiler:\n"
+        "  _component_: tune.training.setup_torch_profiler\n"
+        "  enabled: False\n"
+    )
+    return out
+
+
+def main() -> None:
+    written = 0
+    for s in SIZES:
+        for method in s.methods:
+            path = ROOT / "configs" / s.family / f"{s.size}_{method}_single_device.yaml"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render(s, method))
+            written += 1
+    print(f"wrote {written} configs")
+
+
+if __name__ == "__main__":
+    main()
