@@ -5,6 +5,21 @@ import sys
 _FORMAT = "%(levelname)s:%(name)s: %(message)s"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at emit time (it may be redirected after the handler is made)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging.StreamHandler assigns it in __init__; the property wins
+        pass
+
+
 def get_logger(name: str = "tune", level: str | int | None = None) -> logging.Logger:
     """Returns a logger that writes ``LEVEL:name: message`` lines to stderr.
 
@@ -21,7 +36,7 @@ def get_logger(name: str = "tune", level: str | int | None = None) -> logging.Lo
     """
     root = logging.getLogger("tune")
     if not getattr(root, "_tune_configured", False):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(_FORMAT))
         root.addHandler(handler)
         root.setLevel(os.environ.get("TUNE_LOG_LEVEL", "INFO").upper())
