@@ -15,6 +15,9 @@ Which segments are trained follows from ``Message.masked`` (set by a masking str
   ``train_on_all`` every token after the first header is;
 - text a template adds on its own (BOS, Qwen 2.5's default system prompt) is never trained.
 
+:class:`PlainChatFormat` (no template, torchtune's ``prompt_template=None`` layout) instead follows torchtune's
+rule: every token, BOS and EOS included, carries its message's flag.
+
 Every format reproduces the chat template of a named Hugging Face repository; the parity tests
 (tests/tune/models/test_tokenizers_<family>.py) check token equality against ``apply_chat_template``.
 """
@@ -35,11 +38,17 @@ class Segment:
         trainable (bool): whether tokens of this piece get a loss.
         special (bool): the text is a single special token (``<|eot_id|>``, ``</s>``, ...), looked up by name
             instead of being tokenized.
+        separate (bool): the text is encoded on its own, not joined with the text around it (the layout without
+            a chat template encodes every message separately, see :class:`PlainChatFormat`).
+        trim_leading_whitespace (bool): with ``separate``, encode the text as it reads in the middle of a string:
+            no SentencePiece dummy-prefix space before it.
     """
 
     text: str
     trainable: bool
     special: bool = False
+    separate: bool = False
+    trim_leading_whitespace: bool = False
 
 
 class ChatFormat(Protocol):
@@ -156,6 +165,45 @@ def _open_end(messages: Sequence[Message], index: int, add_end_tokens: bool) -> 
 
 def _needs_generation_prompt(messages: Sequence[Message], add_end_tokens: bool) -> bool:
     return not add_end_tokens and messages[-1].role != "assistant"
+
+
+class PlainChatFormat:
+    """No chat template: the messages' text one after another, BOS opening each turn, EOS closing each assistant
+    turn. This is torchtune's layout for a SentencePiece tokenizer built with ``prompt_template=None``, used when
+    the text already carries its prompt (Alpaca's ``### Instruction:`` ... ``### Response:``).
+
+    Each message is encoded separately with its trailing spaces removed. A message that continues a turn (after
+    a user message, before its answer) is encoded as it reads in the middle of a text, with no dummy-prefix space,
+    unless the message before it ended in a space. Every token, BOS and EOS included, carries its message's
+    ``masked`` flag, so with ``train_on_input=True`` the whole sequence is trained.
+
+    Args:
+        bos_token (str): the BOS piece.
+        eos_token (str): the EOS piece.
+    """
+
+    name = "plain"
+    roles = frozenset({"system", "user", "assistant", "tool", "ipython"})
+
+    def __init__(self, bos_token: str = "<s>", eos_token: str = "</s>") -> None:
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        segments = []
+        start_of_turn, previous_ends_with_space = True, False
+        for i, m in enumerate(messages):
+            trained = not m.masked
+            if start_of_turn:
+                segments.append(Segment(self.bos_token, trained, special=True))
+            text = m.content.rstrip(" ")
+            trim = not start_of_turn and not previous_ends_with_space
+            if text:
+                segments.append(Segment(text, trained, separate=True, trim_leading_whitespace=trim))
+            previous_ends_with_space = m.content.endswith(" ")
+            start_of_turn = m.role == "assistant"
+            if start_of_turn and _open_end(messages, i, add_end_tokens):
+                segments.append(Segment(self.eos_token, trained, special=True))
+        return segments
 
 
 class Llama2ChatFormat:

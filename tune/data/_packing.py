@@ -223,6 +223,7 @@ class PackedDataset(Dataset):
         self._packing = pack_lengths(
             self._flat.lengths, max_seq_len, split_across_pack=split_across_pack, max_packs=max_packs
         )
+        self._positions = np.arange(max_seq_len, dtype=np.int64)
         num_tokens = int(self._packing.seg_len.sum())
         _log.info(
             f"Packed {len(self._flat):,} samples ({num_tokens:,} tokens) into {len(self):,} packs of {max_seq_len} "
@@ -238,30 +239,25 @@ class PackedDataset(Dataset):
         if not 0 <= index < len(self):
             raise IndexError(f"pack index {index} out of range for {len(self)} packs")
         p, flat, s = self._packing, self._flat, self.max_seq_len
-        lo, hi = int(p.pack_offsets[index]), int(p.pack_offsets[index + 1])
+        lo, hi = p.pack_offsets[index], p.pack_offsets[index + 1]
         lengths = p.seg_len[lo:hi].astype(np.int64)
         n = int(lengths.sum())
         # Packing keeps document order and splits only at pack boundaries, so a pack's segments are one
         # contiguous run of the flat arrays: one slice copy instead of one per document.
         src = int(flat.offsets[p.seg_doc[lo]]) + int(p.seg_start[lo])
-        starts = np.zeros(len(lengths), dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
         tokens = np.full(s, self.padding_idx, dtype=np.int64)
         labels = np.full(s, CROSS_ENTROPY_IGNORE_IDX, dtype=np.int64)
-        input_pos = np.empty(s, dtype=np.int64)
         tokens[:n] = flat.tokens[src : src + n]
         labels[:n] = flat.labels[src : src + n]
-        labels[starts] = CROSS_ENTROPY_IGNORE_IDX
-        input_pos[:n] = np.arange(n) - np.repeat(starts, lengths)
-        seq_lens = lengths.tolist()
-        if n < s:  # padding: one more segment, never trained on
-            input_pos[n:] = np.arange(s - n)
-            seq_lens.append(s - n)
+        seq_lens = np.append(lengths, s - n) if n < s else lengths  # padding: one more segment, never trained
+        starts = np.cumsum(seq_lens) - seq_lens
+        labels[starts[: len(lengths)]] = CROSS_ENTROPY_IGNORE_IDX
+        input_pos = self._positions - np.repeat(starts, seq_lens)  # positions restart at every segment
         return {
             "tokens": torch.from_numpy(tokens),
             "labels": torch.from_numpy(labels),
             "input_pos": torch.from_numpy(input_pos),
-            "seq_lens": torch.tensor(seq_lens, dtype=torch.int64),
+            "seq_lens": torch.from_numpy(seq_lens),
         }
 
 

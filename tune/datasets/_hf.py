@@ -9,7 +9,6 @@ the cached Arrow file instead of tokenising again; change any of them and it tok
 
 import copy
 import hashlib
-import itertools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,7 +21,7 @@ from tune.utils import get_logger, get_world_size
 _log = get_logger(__name__)
 
 # Bump when the tokenisation output of this module changes, so old cache entries are not reused.
-_PIPELINE_VERSION = "1"
+_PIPELINE_VERSION = "2"
 # Below this many rows one process is faster than starting workers.
 _MIN_ROWS_PER_PROC = 10_000
 
@@ -226,21 +225,18 @@ def tokenize_rows(raw, function: Callable, *, features, num_proc: int, new_finge
 
 
 def list_column(sequences: list[list[int]], mask: list[list[bool]] | None = None):
-    """A pyarrow ``list<int32>`` column built from flat numpy arrays (no per-element Python conversion).
+    """A pyarrow ``list<int32>`` column, converted by pyarrow in one call (no per-element Python work).
 
     With ``mask`` (True = no loss) the values are labels: the sequence's ids where the mask is False, else -100.
     """
     import pyarrow as pa
 
-    lengths = np.fromiter(map(len, sequences), dtype=np.int32, count=len(sequences))
-    offsets = np.zeros(len(sequences) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    values = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int32, count=total)
-    if mask is not None:
-        flat_mask = np.fromiter(itertools.chain.from_iterable(mask), dtype=np.bool_, count=total)
-        values = np.where(flat_mask, np.int32(CROSS_ENTROPY_IGNORE_IDX), values)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    column = pa.array(sequences, type=pa.list_(pa.int32()))
+    if mask is None:
+        return column
+    flags = pa.array(mask, type=pa.list_(pa.bool_())).values.to_numpy(zero_copy_only=False)
+    labels = np.where(flags, np.int32(CROSS_ENTROPY_IGNORE_IDX), column.values.to_numpy())
+    return pa.ListArray.from_arrays(column.offsets, pa.array(labels))
 
 
 def rows_of(batch: dict[str, list]) -> list[dict[str, Any]]:

@@ -274,3 +274,41 @@ def random_conversations(count: int = 25, seed: int = 0, system: bool = True) ->
             messages += [Message("user", text()), Message("assistant", text())]
         conversations.append(messages)
     return conversations
+
+
+def torchtune_no_template_reference(model_path: "str | Path", messages: list[Message]) -> tuple[list[int], list[bool]]:
+    """Tokens and mask of torchtune 0.6.1's SentencePiece tokenizers (llama2, mistral) built with
+    ``prompt_template=None``, re-derived here from ``sentencepiece`` alone, following torchtune's documented rule
+    (``tokenize_messages_no_special_tokens`` and ``SentencePieceBaseTokenizer.encode``):
+
+    - BOS opens a turn (the first message, and the message after each assistant message); EOS follows each
+      assistant message; BOS and EOS carry the mask of the message they belong to, as every token does;
+    - each message is encoded on its own, trailing spaces removed;
+    - a message that continues a turn, when the previous message did not end in a space and the vocabulary encodes
+      whitespace, is encoded as "\\n" + text with the tokens of "\\n" then dropped (no dummy-prefix space).
+    """
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    newline = sp.encode("\n")
+    encodes_whitespace = any(sp.encode(c) for c in [" ", "\n", "\t", "\r", "\v"])
+    tokens: list[int] = []
+    mask: list[bool] = []
+    new_turn, previous_space = True, False
+    for message in messages:
+        if new_turn:
+            tokens.append(sp.bos_id())
+            mask.append(message.masked)
+        text = message.content.rstrip(" ")
+        if not new_turn and not previous_space and encodes_whitespace:
+            ids = sp.encode("\n" + text)[len(newline) :]
+        else:
+            ids = sp.encode(text)
+        tokens += ids
+        mask += [message.masked] * len(ids)
+        previous_space = message.content.endswith(" ")
+        new_turn = message.role == "assistant"
+        if new_turn:
+            tokens.append(sp.eos_id())
+            mask.append(message.masked)
+    return tokens, mask

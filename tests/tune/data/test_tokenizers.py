@@ -33,6 +33,50 @@ def hf():
 
 
 class TestSentencePiece:
+    def test_word_cache_encodes_exactly_like_whole_texts(self, sp, tmp_path):
+        # Batches of 64+ texts are encoded word by word from a cache when the model allows it (a Llama 2-style BPE
+        # model does); the ids must be those of encoding every text whole, also for the texts the cache leaves
+        # whole (leading space, runs of spaces, a literal "▁") and for words seen in an earlier batch.
+        import random
+
+        from tests.tune.data._tiny_tokenizers import corpus
+
+        rng = random.Random(1)
+        gaps = [" ", " ", " ", "  ", "\n", " \n", "\t", "\u2581", " \u2581 "]
+        lines = list(corpus())
+        texts = []
+        for _ in range(300):
+            words = rng.choice(lines).split(" ") + ["😀", "naïve", "42", "x"]
+            rng.shuffle(words)
+            text = "".join(w + rng.choice(gaps) for w in words[: rng.randint(1, 12)])
+            texts.append(rng.choice(["", " ", "\n", "  "]) + text + rng.choice(["", " ", "\n"]))
+        assert sp._by_words and not SentencePieceBaseTokenizer(
+            sentencepiece_model(False, True) / "tokenizer.model"
+        )._by_words  # Gemma's model (no dummy prefix, user-defined pieces) is always encoded whole
+        expected = [sp._sp.encode(text) for text in texts]
+        assert sp._encode_batch(texts[:150]) == expected[:150]
+        assert sp._encode_batch(texts) == expected  # half the words now come from the cache
+        assert sp._later_words and "_later_words" not in sp.__getstate__()  # never part of a pickle or cache key
+        # Llama 2's vocabulary has whitespace-only pieces ("▁▁", "▁▁▁▁") that merge across single spaces: so does
+        # this one, trained on indented text, and its runs of spaces must still encode exactly
+        indented = self._indented_model(tmp_path, lines)
+        assert indented._by_words and indented.token_id("▁▁▁▁")  # token_id raises for a piece it lacks
+        expected = [indented._sp.encode(text) for text in texts]
+        assert indented._encode_batch(texts) == expected
+
+    @staticmethod
+    def _indented_model(tmp_path, lines):
+        import sentencepiece as spm
+
+        indented = [" " * (4 * (i % 4)) + line.replace(" ", "  " * (i % 3 == 0) or " ") for i, line in enumerate(lines)]
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(indented), model_prefix=str(tmp_path / "indented"), vocab_size=400,
+            model_type="bpe", byte_fallback=True, add_dummy_prefix=True, remove_extra_whitespaces=False,
+            normalization_rule_name="identity", allow_whitespace_only_pieces=True, split_digits=True,
+            character_coverage=1.0, minloglevel=2,
+        )  # fmt: skip
+        return SentencePieceBaseTokenizer(tmp_path / "indented.model")
+
     def test_encode_decode_round_trip(self, sp):
         ids = sp.encode(TEXT)
         assert ids[0] == sp.bos_id == 1 and ids[-1] == sp.eos_id == 2
@@ -196,3 +240,40 @@ def test_llama3_special_tokens_path(tmp_path):
     assert tok.special_tokens["<|my_renamed_token|>"] == num_base + 13
     with pytest.raises(FileNotFoundError, match="special_tokens_path"):
         llama3_tokenizer(str(tiktoken_file()), special_tokens_path=str(tmp_path / "absent.json"))
+
+
+@pytest.mark.parametrize(
+    "family", ["llama2", "llama2_no_template", "llama3", "mistral", "mistral_no_template", "qwen2_5", "gemma2", "phi3"]
+)
+def test_batch_equals_one_at_a_time(family):
+    # tokenize_messages_batch encodes every text of every conversation in one backend call (above 64 texts, in
+    # the backend's thread pool); the result must be exactly that of each conversation alone
+    from tests.tune.data._tiny_tokenizers import random_conversations
+    from tune.data import mask_messages
+    from tune.models.llama2._tokenizer import llama2_tokenizer
+    from tune.models.mistral._tokenizer import mistral_tokenizer
+
+    sp = str(sentencepiece_model() / "tokenizer.model")
+    builders = {
+        **_family_tokenizers(),
+        "llama2_no_template": lambda: llama2_tokenizer(sp, prompt_template=None),
+        "mistral_no_template": lambda: mistral_tokenizer(sp, prompt_template=None),
+    }
+    tok = builders[family]()
+    strategies = ["train_on_assistant", "train_on_all", "train_on_last"]
+    conversations = [
+        mask_messages(messages, strategies[i % 3])
+        for i, messages in enumerate(random_conversations(count=80, seed=7, system=family != "gemma2"))
+    ]
+    for add_end_tokens in [True, False]:
+        batch = tok.tokenize_messages_batch(conversations, add_end_tokens=add_end_tokens)
+        single = [tok.tokenize_messages(messages, add_end_tokens=add_end_tokens) for messages in conversations]
+        assert batch == single
+    assert any(not all(mask) and any(mask) for _, mask in batch)  # the masks are not trivial
+
+
+def test_tokenizer_json_rejects_separately_encoded_text(hf):
+    from tune.data import Segment
+
+    with pytest.raises(ValueError, match="cannot encode messages separately"):
+        hf.encode_segments([Segment("text", True, separate=True)])

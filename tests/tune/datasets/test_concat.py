@@ -1,5 +1,5 @@
 import pytest
-from conftest import ByteTokenizer
+from tests.tune.datasets._helpers import ByteTokenizer
 
 from tune.data import PackedDataset
 from tune.datasets import ConcatDataset, instruct_dataset

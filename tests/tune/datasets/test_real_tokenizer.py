@@ -2,6 +2,9 @@
 
 import os
 
+import pytest
+
+from tests.tune.data._tiny_tokenizers import sentencepiece_model
 from tune.data import AlpacaToMessages, render_sample
 from tune.datasets import PackedDataset, alpaca_dataset
 from tune.models.llama2._tokenizer import llama2_tokenizer
@@ -49,3 +52,53 @@ def test_packed_with_llama2_tokenizer(sentencepiece_path, write_json, cache_dir)
     assert isinstance(ds, PackedDataset)
     pack = ds[0]
     assert pack["tokens"].shape == (128,) and int(pack["seq_lens"].sum()) == 128
+
+
+# Rows that exercise torchtune's no-template rule: an answer with a leading space, trailing spaces (stripped),
+# newlines, accents, an input section or none.
+TORCHTUNE_ROWS = [
+    {"instruction": "Add the numbers.", "input": "2 and 3", "output": "The answer is 5."},
+    {"instruction": "Say hello.", "input": "", "output": " Hello world.  "},
+    {"instruction": "Explain why.  ", "input": "café au lait", "output": "Because:\n- one\n- two"},
+    {"instruction": "Count.", "input": "", "output": "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"},
+]
+
+
+def _torchtune_alpaca(path, row: dict, train_on_input: bool) -> tuple[list[int], list[int]]:
+    """torchtune 0.6.1's alpaca_dataset with llama2_tokenizer(prompt_template=None): the Alpaca prompt as a user
+    message (masked unless train_on_input), the output as the assistant message, laid out by the no-template rule;
+    labels are the tokens with masked positions set to -100."""
+    from tests.tune.data._tiny_tokenizers import torchtune_no_template_reference
+    from tune.data import Message, alpaca_prompt
+
+    messages = [
+        Message("user", alpaca_prompt(row["instruction"], row["input"]), masked=not train_on_input),
+        Message("assistant", row["output"]),
+    ]
+    tokens, mask = torchtune_no_template_reference(path, messages)
+    return tokens, [-100 if m else t for t, m in zip(tokens, mask)]
+
+
+@pytest.mark.parametrize("train_on_input", [True, False])
+def test_alpaca_without_template_matches_torchtune(write_json, cache_dir, train_on_input):
+    path = sentencepiece_model() / "tokenizer.model"
+    tok = llama2_tokenizer(str(path), max_seq_len=512, prompt_template=None)
+    ds = alpaca_dataset(tok, source="json", data_files=write_json(TORCHTUNE_ROWS), cache_dir=cache_dir,
+                        train_on_input=train_on_input)  # fmt: skip
+    for i, row in enumerate(TORCHTUNE_ROWS):
+        tokens, labels = _torchtune_alpaca(path, row, train_on_input)
+        assert (ds[i]["tokens"], ds[i]["labels"]) == (tokens, labels)
+
+
+def test_alpaca_truncation_without_template(write_json, cache_dir):
+    # torchtune cuts to max_seq_len and forces the last token to EOS; so do we. The forced EOS is the one
+    # deliberate difference: torchtune trains on it (it takes the answer's mask), we do not, because the answer
+    # does not really end there.
+    path = sentencepiece_model() / "tokenizer.model"
+    tok = llama2_tokenizer(str(path), max_seq_len=40, prompt_template=None)
+    ds = alpaca_dataset(tok, source="json", data_files=write_json(TORCHTUNE_ROWS), cache_dir=cache_dir)
+    for i, row in enumerate(TORCHTUNE_ROWS):
+        tokens, labels = _torchtune_alpaca(path, row, True)
+        assert len(tokens) > 40  # every row is cut
+        assert ds[i]["tokens"] == tokens[:39] + [tok.eos_id]
+        assert ds[i]["labels"] == labels[:39] + [-100]

@@ -4,7 +4,7 @@ import logging
 import os
 
 import pytest
-from conftest import ByteTokenizer, byte_ids
+from tests.tune.datasets._helpers import ByteTokenizer, byte_ids
 
 from tune.data import InputOutputToMessages
 from tune.datasets import SFTDataset, instruct_dataset

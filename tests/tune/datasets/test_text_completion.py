@@ -1,7 +1,7 @@
 import logging
 
 import pytest
-from conftest import ByteTokenizer, byte_ids
+from tests.tune.datasets._helpers import ByteTokenizer, byte_ids
 
 from tune.datasets import PackedDataset, TextCompletionDataset, text_completion_dataset
 

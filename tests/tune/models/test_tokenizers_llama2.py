@@ -9,6 +9,7 @@ from tests.tune.data._tiny_tokenizers import (
     legacy_sentencepiece_reference,
     random_conversations,
     sentencepiece_model,
+    torchtune_no_template_reference,
     trained_runs,
 )
 from tune.data import Message, mask_messages
@@ -74,3 +75,52 @@ def test_parity_on_random_conversations(ours, reference):
         assert tokens == hf_ids(reference, as_dicts(messages)), as_dicts(messages)
         runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
         assert runs == [m.content.strip() + " </s>" for m in messages if m.role == "assistant"]
+
+
+# ---- torchtune's prompt_template argument ---------------------------------------------------------------------
+
+
+def _strategy_masked(conversations):
+    strategies = ["train_on_assistant", "train_on_all", "train_on_last"]
+    return [mask_messages(messages, strategies[i % 3]) for i, messages in enumerate(conversations)]
+
+
+def test_no_template_matches_torchtune_rule():
+    # prompt_template=None: torchtune lays messages out without [INST] tags (the rule is spelled out in
+    # torchtune_no_template_reference, which encodes with sentencepiece directly)
+    path = sentencepiece_model() / "tokenizer.model"
+    tok = llama2_tokenizer(str(path), prompt_template=None)
+    for messages in _strategy_masked(random_conversations(count=30, seed=3)):
+        assert tok.tokenize_messages(messages) == torchtune_no_template_reference(path, messages)
+
+
+def test_no_template_continuation_has_no_dummy_prefix():
+    # the answer after "### Response:\n" is encoded as mid-text: "Yes" without the "▁" a fresh encode would add
+    path = sentencepiece_model() / "tokenizer.model"
+    tok = llama2_tokenizer(str(path), prompt_template=None)
+    tokens, mask = tok.tokenize_messages([Message("user", "Question:\n", masked=True), Message("assistant", "Yes")])
+    answer = tokens[len(tok.encode("Question:\n", add_eos=False)) : -1]
+    assert answer == tok.tokenizer.encode("Yes", add_bos=False, add_eos=False, trim_leading_whitespace=True)
+    assert answer != tok.encode("Yes", add_bos=False, add_eos=False) and "[INST]" not in tok.decode(tokens)
+    assert mask == [True] * (len(tokens) - len(answer) - 1) + [False] * (len(answer) + 1)
+
+
+def test_template_names_select_the_chat_format(ours):
+    path = str(sentencepiece_model() / "tokenizer.model")
+    messages = mask_messages(conversation())
+    expected = ours.tokenize_messages(messages)  # the default: Llama2ChatTemplate
+    for name in ["tune.models.llama2.Llama2ChatTemplate", "torchtune.models.llama2.Llama2ChatTemplate"]:
+        assert llama2_tokenizer(path, prompt_template=name).tokenize_messages(messages) == expected
+    assert "[INST]" in ours.decode(expected[0])
+
+
+def shout(messages):
+    return [Message(m.role, m.content.upper(), masked=m.masked) for m in messages]
+
+
+def test_other_templates_are_applied_then_laid_out_without_chat_format():
+    path = sentencepiece_model() / "tokenizer.model"
+    messages = mask_messages(conversation(system=False))
+    for template in [shout, "tests.tune.models.test_tokenizers_llama2.shout"]:
+        tokens = llama2_tokenizer(str(path), prompt_template=template).tokenize_messages(messages)
+        assert tokens == torchtune_no_template_reference(path, shout(messages))

@@ -9,6 +9,7 @@ from tests.tune.data._tiny_tokenizers import (
     legacy_sentencepiece_reference,
     random_conversations,
     sentencepiece_model,
+    torchtune_no_template_reference,
     trained_runs,
 )
 from tune.data import Message, mask_messages
@@ -94,3 +95,23 @@ def test_parity_on_random_conversations(ours, reference):
         # sentencepiece's decode drops one leading space (it reads it as the dummy prefix)
         answers = [m.content[1:] if m.content.startswith(" ") else m.content for m in messages if m.role == "assistant"]
         assert runs == [a + "</s>" for a in answers]
+
+
+def test_no_template_matches_torchtune_rule():
+    # prompt_template=None: torchtune's mistral tokenizer then lays messages out like llama2's, with no [INST] tags
+    # (rule in torchtune_no_template_reference, which encodes with sentencepiece directly)
+    path = sentencepiece_model() / "tokenizer.model"
+    tok = mistral_tokenizer(str(path), prompt_template=None)
+    strategies = ["train_on_assistant", "train_on_all", "train_on_last"]
+    for i, messages in enumerate(random_conversations(count=30, seed=4)):
+        messages = mask_messages(messages, strategies[i % 3])
+        assert tok.tokenize_messages(messages) == torchtune_no_template_reference(path, messages)
+
+
+def test_template_names_select_the_chat_format(ours):
+    path = str(sentencepiece_model() / "tokenizer.model")
+    messages = mask_messages(conversation())
+    expected = ours.tokenize_messages(messages)  # the default: MistralChatTemplate, as in torchtune
+    for name in ["tune.models.mistral.MistralChatTemplate", "torchtune.models.mistral.MistralChatTemplate"]:
+        assert mistral_tokenizer(path, prompt_template=name).tokenize_messages(messages) == expected
+    assert "[INST]" in ours.decode(expected[0])

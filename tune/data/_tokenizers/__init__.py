@@ -1,6 +1,12 @@
 """Text tokenizers (SentencePiece, tiktoken, Hugging Face tokenizer.json) and the chat-aware model tokenizer."""
 
-from tune.data._tokenizers._chat import ChatTokenizer, PromptTemplate, TextTokenizer, resolve_prompt_template
+from tune.data._tokenizers._chat import (
+    ChatTokenizer,
+    PromptTemplate,
+    TextTokenizer,
+    resolve_prompt_template,
+    select_chat_format,
+)
 from tune.data._tokenizers._huggingface import HuggingFaceBaseTokenizer, byte_level_bpe_tokenizer, load_byte_level_bpe
 from tune.data._tokenizers._sentencepiece import SentencePieceBaseTokenizer
 from tune.data._tokenizers._tiktoken import TikTokenBaseTokenizer, load_tiktoken_ranks
@@ -17,5 +23,6 @@ __all__ = [
     "load_byte_level_bpe",
     "load_tiktoken_ranks",
     "resolve_prompt_template",
+    "select_chat_format",
     "truncate",
 ]

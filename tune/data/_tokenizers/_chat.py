@@ -1,7 +1,8 @@
 """A model tokenizer: a text tokenizer plus the family's chat format, producing tokens and an exact loss mask."""
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from tune.data._chat_formats import ChatFormat, Segment, validate_messages
@@ -24,6 +25,10 @@ class TextTokenizer(Protocol):
 
     def encode_segments(self, segments: Sequence[Segment]) -> tuple[list[int], list[bool]]: ...
 
+    def encode_segments_batch(
+        self, conversations: Sequence[Sequence[Segment]]
+    ) -> list[tuple[list[int], list[bool]]]: ...
+
 
 def resolve_prompt_template(prompt_template: "PromptTemplate | str | None") -> PromptTemplate | None:
     """A callable, or a dotted path ``"package.module.name"`` to one, applied to messages before rendering.
@@ -45,6 +50,28 @@ def resolve_prompt_template(prompt_template: "PromptTemplate | str | None") -> P
         f"prompt_template must be a callable taking and returning a list of Message, or a dotted path to one; "
         f"got {prompt_template!r}."
     )
+
+
+def select_chat_format(
+    prompt_template: "PromptTemplate | str | None",
+    chat_template_names: Collection[str],
+    chat_format: ChatFormat,
+    plain_format: ChatFormat,
+) -> tuple[ChatFormat, "PromptTemplate | str | None"]:
+    """How a SentencePiece family without intrinsic special tokens (Llama 2, Mistral) lays out a conversation,
+    following torchtune's ``prompt_template`` argument.
+
+    - one of ``chat_template_names`` (the family's chat template by dotted name, e.g.
+      ``"tune.models.llama2.Llama2ChatTemplate"``, the builders' default): the family's chat format;
+    - None: no template, :class:`~tune.data.PlainChatFormat` (torchtune's ``prompt_template=None``);
+    - any other template: applied to the messages, then laid out without a template, as torchtune does.
+
+    Returns:
+        tuple[ChatFormat, PromptTemplate | str | None]: the chat format and the prompt template left to apply.
+    """
+    if isinstance(prompt_template, str) and prompt_template in chat_template_names:
+        return chat_format, None
+    return plain_format, prompt_template
 
 
 class ChatTokenizer:
@@ -142,12 +169,34 @@ class ChatTokenizer:
             ValueError: for an empty conversation, empty or non-string content (naming the message), or a role
                 the family's format does not support.
         """
-        tokens, trainable = self.tokenizer.encode_segments(self.render(messages, add_end_tokens=add_end_tokens))
-        mask = [not t for t in trainable]
-        if self.max_seq_len is not None:
-            tokens = truncate(tokens, self.max_seq_len, self.eos_id if add_end_tokens else None)
-            mask = truncate(mask, self.max_seq_len, True if add_end_tokens else None)
-        return tokens, mask
+        return self.tokenize_messages_batch([messages], add_end_tokens=add_end_tokens)[0]
+
+    def tokenize_messages_batch(
+        self, conversations: Sequence[Sequence[Message]], *, add_end_tokens: bool = True
+    ) -> list[tuple[list[int], list[bool]]]:
+        """:meth:`tokenize_messages` of several conversations at once: the text tokenizer encodes all their texts
+        in one batch call (multithreaded in the backend), with the same result as one conversation at a time.
+
+        Args:
+            conversations (Sequence[Sequence[Message]]): the conversations.
+            add_end_tokens (bool): as in :meth:`tokenize_messages`.
+
+        Returns:
+            list[tuple[list[int], list[bool]]]: ``(tokens, mask)`` per conversation.
+
+        Raises:
+            TypeError: as :meth:`tokenize_messages`.
+            ValueError: as :meth:`tokenize_messages` (for the first bad conversation).
+        """
+        rendered = [self.render(messages, add_end_tokens=add_end_tokens) for messages in conversations]
+        results = []
+        for tokens, trainable in self.tokenizer.encode_segments_batch(rendered):
+            mask = list(map(operator.not_, trainable))
+            if self.max_seq_len is not None:
+                tokens = truncate(tokens, self.max_seq_len, self.eos_id if add_end_tokens else None)
+                mask = truncate(mask, self.max_seq_len, True if add_end_tokens else None)
+            results.append((tokens, mask))
+        return results
 
     def __call__(self, sample: Mapping[str, Any], inference: bool = False) -> dict[str, Any]:
         """Tokenizes ``sample["messages"]``; returns the sample with ``tokens`` and ``mask`` added.

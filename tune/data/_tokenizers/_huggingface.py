@@ -142,15 +142,37 @@ class HuggingFaceBaseTokenizer:
         The whole text is encoded at once; an ordinary token is trained when it overlaps a trained segment, an
         added token (``<|im_end|>``, which may also swallow neighbouring whitespace) takes the flag of the segment
         it starts in.
+
+        Raises:
+            ValueError: for a special token the vocabulary lacks, or a ``separate`` segment (the layout without a
+                chat template is SentencePiece-only, as in torchtune).
         """
-        for segment in segments:
-            if segment.special and segment.text not in self._known_specials:
-                self.token_id(segment.text)  # raises for a token the vocabulary lacks
-                self._known_specials.add(segment.text)
-        text, flags = char_flags(segments)
-        encoding = self._chat.encode(text, add_special_tokens=False)
-        ids = encoding.ids
-        return ids, token_flags(encoding.offsets, flags, ids, self._added)
+        return self.encode_segments_batch([segments])[0]
+
+    def encode_segments_batch(self, conversations: Sequence[Sequence[Segment]]) -> list[tuple[list[int], list[bool]]]:
+        """:meth:`encode_segments` of several conversations, encoded in one (multithreaded) ``encode_batch``."""
+        texts, all_flags = [], []
+        for segments in conversations:
+            for segment in segments:
+                self._check_segment(segment)
+            text, flags = char_flags(segments)
+            texts.append(text)
+            all_flags.append(flags)
+        encodings = self._chat.encode_batch(texts, add_special_tokens=False)
+        return [
+            (encoding.ids, token_flags(encoding.offsets, flags, encoding.ids, self._added))
+            for encoding, flags in zip(encodings, all_flags)
+        ]
+
+    def _check_segment(self, segment: Segment) -> None:
+        if segment.separate:
+            raise ValueError(
+                "a tokenizer.json tokenizer encodes a conversation as one text; it cannot encode messages "
+                "separately (the layout without a chat template). Use the family's chat template."
+            )
+        if segment.special and segment.text not in self._known_specials:
+            self.token_id(segment.text)  # raises for a token the vocabulary lacks
+            self._known_specials.add(segment.text)
 
 
 def byte_level_bpe_tokenizer(

@@ -1,10 +1,54 @@
 """SentencePiece tokenizer (``tokenizer.model`` of the Llama 2, Mistral, Gemma and Phi-3 families)."""
 
+import itertools
+import os
+import re
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._utils import encode_chunked, require_file
+from tune.data._tokenizers._utils import encode_chunked_batch, require_file
+
+# torchtune's test for a vocabulary that encodes whitespace itself (byte fallback or whitespace pieces)
+_WHITESPACE_CHARS = (" ", "\n", "\t", "\r", "\v")
+# Batches of at least this many texts go to SentencePiece's own thread pool.
+_MIN_BATCH = 64
+_NUM_THREADS = max(1, min(8, os.cpu_count() or 1))
+# A piece that would span a word boundary (a space after another character): "▁" after another character.
+_SPANS_BOUNDARY = re.compile("[^\u2581]\u2581")
+# The word cache is emptied when it holds this many words (bounds its memory to some tens of MB).
+_MAX_CACHED_WORDS = 200_000
+
+
+def _splits_at_words(serialized_model: bytes) -> bool:
+    """Whether this SentencePiece model encodes a text as the concatenation of its words' encodings.
+
+    SentencePiece BPE merges adjacent symbols whose concatenation is a piece, best score first. When no piece
+    contains "▁" after another character, no merge crosses the start of a space-led word, so each word's merges
+    happen exactly as they would if it were encoded alone; unknown characters fall back to bytes one by one.
+    That holds for a BPE model with byte fallback, identity normalisation, no whitespace collapsing, whitespace
+    as a prefix, no user-defined pieces (matched before merging, across words), which is how Llama 2 and
+    Mistral's models are built. Anything else is encoded whole.
+    """
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(serialized_model)
+    trainer, normalizer = model.trainer_spec, model.normalizer_spec
+    if not (
+        trainer.model_type == trainer.BPE
+        and trainer.byte_fallback
+        and not trainer.treat_whitespace_as_suffix
+        and normalizer.name == "identity"
+        and not normalizer.precompiled_charsmap
+        and not normalizer.remove_extra_whitespaces
+        and normalizer.escape_whitespaces
+        and normalizer.add_dummy_prefix
+    ):
+        return False
+    return not any(
+        piece.type == piece.USER_DEFINED or _SPANS_BOUNDARY.search(piece.piece) for piece in model.pieces
+    )
 
 
 class SentencePieceBaseTokenizer:
@@ -46,6 +90,21 @@ class SentencePieceBaseTokenizer:
         self._extra = {i: t for t, i in self.special_tokens.items() if i >= self._sp.vocab_size()}
         self.vocab_size: int = max([self._sp.vocab_size(), *(i + 1 for i in self._extra)])
         self._rstrip = frozenset(rstrip_tokens)
+        # Text in the middle of a string is encoded as "\n" + text with the tokens of "\n" dropped afterwards:
+        # SentencePiece puts its dummy prefix only at the very start, and a newline never merges with what follows.
+        self._encodes_whitespace = any(self._sp.encode(c) for c in _WHITESPACE_CHARS)
+        self._num_newline_tokens = len(self._sp.encode("\n"))
+        self._by_words = _splits_at_words(self._sp.serialized_model_proto())
+        self._first_words: dict[str, tuple[int, ...]] = {}
+        self._later_words: dict[str, tuple[int, ...]] = {}
+
+    def __getstate__(self) -> dict:
+        # the word caches are a speed-up, not part of the tokenizer: keep them out of pickles and cache keys
+        return {k: v for k, v in self.__dict__.items() if k not in ("_first_words", "_later_words")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._first_words, self._later_words = {}, {}
 
     def encode(
         self, text: str, add_bos: bool = True, add_eos: bool = True, trim_leading_whitespace: bool = False
@@ -56,16 +115,21 @@ class SentencePieceBaseTokenizer:
             text (str): the text.
             add_bos (bool): prepend BOS.
             add_eos (bool): append EOS.
-            trim_leading_whitespace (bool): drop the dummy prefix, so the text encodes as it would in the middle of
-                a longer string.
+            trim_leading_whitespace (bool): encode the text as it reads in the middle of a longer string (no
+                dummy-prefix space), as torchtune does for a message that continues a turn. Has no effect when the
+                vocabulary cannot encode whitespace on its own.
 
         Returns:
             list[int]: token ids.
         """
-        ids = self._sp.encode(text)
-        if trim_leading_whitespace and ids and self._sp.id_to_piece(ids[0]) == "▁":
-            ids = ids[1:]
+        text, drop = self._prepare_separate(text, trim_leading_whitespace)
+        ids = self._sp.encode(text)[drop:]
         return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
+
+    def _prepare_separate(self, text: str, trim_leading_whitespace: bool) -> tuple[str, int]:
+        if trim_leading_whitespace and self._encodes_whitespace:
+            return "\n" + text, self._num_newline_tokens
+        return text, 0
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Decodes ids to text; control and added special tokens are dropped unless ``skip_special_tokens`` is
@@ -97,15 +161,77 @@ class SentencePieceBaseTokenizer:
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids of ``text`` (no BOS/EOS) with each token's UTF-8 byte span in ``text``."""
-        pieces = self._encode_proto(text).pieces
-        return [p.id for p in pieces], [(p.begin, p.end) for p in pieces]
+        return self._encode_with_offsets_batch([text])[0]
 
-    def _encode_proto(self, text: str):
+    def _encode_with_offsets_batch(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        if len(texts) < _MIN_BATCH:
+            protos = [self._encode_proto(text) for text in texts]
+        else:
+            protos = self._encode_proto(texts, num_threads=_NUM_THREADS)
+        out = []
+        for proto in protos:
+            pieces = proto.pieces
+            out.append(([p.id for p in pieces], [(p.begin, p.end) for p in pieces]))
+        return out
+
+    def _encode_proto(self, text: "str | list[str]", **kwargs):
         try:
-            return self._sp.encode(text, return_type="proto")
+            return self._sp.encode(text, return_type="proto", **kwargs)
         except TypeError:  # sentencepiece < 0.2.1
-            return self._sp.encode(text, out_type="immutable_proto")
+            return self._sp.encode(text, out_type="immutable_proto", **kwargs)
 
     def encode_segments(self, segments: Sequence[Segment]) -> tuple[list[int], list[bool]]:
         """Tokens of a rendered conversation and whether each is trainable."""
-        return encode_chunked(segments, self.token_id, self._sp.encode, self.encode_with_offsets, self._rstrip)
+        return self.encode_segments_batch([segments])[0]
+
+    def encode_segments_batch(self, conversations: Sequence[Sequence[Segment]]) -> list[tuple[list[int], list[bool]]]:
+        """:meth:`encode_segments` of several conversations, their texts encoded in one SentencePiece call."""
+        return encode_chunked_batch(
+            conversations, self.token_id, self._encode_batch, self._encode_with_offsets_batch, self._rstrip,
+            self._prepare_separate,
+        )  # fmt: skip
+
+    def _encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if self._by_words and len(texts) >= _MIN_BATCH:
+            return self._encode_by_words(texts)
+        return self._encode_whole(texts)
+
+    def _encode_whole(self, texts: list[str]) -> list[list[int]]:
+        if len(texts) < _MIN_BATCH:  # SentencePiece starts a thread pool per batch call: not worth it for a few
+            return [self._sp.encode(text) for text in texts]
+        return self._sp.encode(texts, num_threads=_NUM_THREADS)
+
+    def _encode_by_words(self, texts: list[str]) -> list[list[int]]:
+        """Encodes texts word by word from a cache (see :func:`_splits_at_words`): the same ids as encoding each
+        text whole, without running BPE again on words seen before.
+
+        A text is split at single spaces (``text.split(" ")``): its first word is encoded with the dummy prefix,
+        each later word as it reads mid-text, ``" " + word`` after a newline whose tokens are dropped. Texts with
+        a leading space, a run of spaces or a literal "▁" (where a word boundary could fall inside a piece such
+        as "▁▁") are encoded whole.
+        """
+        first, later = self._first_words, self._later_words
+        if len(later) > _MAX_CACHED_WORDS:
+            first.clear()
+            later.clear()
+        out: list = [None] * len(texts)
+        whole, by_words, words = [], [], []
+        for index, text in enumerate(texts):
+            if text[:1] == " " or "  " in text or "\u2581" in text:
+                whole.append(index)
+            else:
+                by_words.append(index)
+                words.append(text.split(" "))
+        new_first = list({w[0] for w in words} - first.keys())
+        first.update(zip(new_first, map(tuple, self._encode_whole(new_first))))
+        new_later = list(set(itertools.chain.from_iterable(words)) - later.keys())
+        drop = self._num_newline_tokens
+        encoded = self._encode_whole(["\n " + word for word in new_later])
+        later.update(zip(new_later, (tuple(ids[drop:]) for ids in encoded)))
+        chain, get, rest = itertools.chain.from_iterable, later.__getitem__, itertools.islice
+        for index, w in zip(by_words, words):
+            out[index] = [*first[w[0]], *chain(map(get, rest(w, 1, None)))]
+        for index, ids in zip(whole, self._encode_whole([texts[i] for i in whole])):
+            out[index] = ids
+        return out
+

@@ -2,16 +2,22 @@
 
 import base64
 import binascii
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._utils import encode_chunked, require_file
+from tune.data._tokenizers._utils import encode_chunked_batch, require_file
 
 # tiktoken is quadratic on very long runs of whitespace (or of non-whitespace), and refuses strings over ~400k
 # characters; long inputs are cut into pieces that stay under both limits before encoding.
 _MAX_CHARS = 400_000
 _MAX_RUN = 25_000
+# Batches of at least this many texts are encoded by tiktoken's thread pool (the BPE work releases the GIL).
+_MIN_BATCH = 64
+_NUM_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
 def load_tiktoken_ranks(path: "str | Path") -> dict[bytes, int]:
@@ -100,11 +106,26 @@ class TikTokenBaseTokenizer:
         self._num_bytes = {rank: len(token) for token, rank in ranks.items()}
 
     def _encode_text(self, text: str) -> list[int]:
-        ids: list[int] = []
-        for piece in _split_long(text):
-            # special-token strings inside text are plain text: only the chat format inserts special tokens
-            ids.extend(self._encoding.encode(piece, allowed_special=set(), disallowed_special=()))
-        return ids
+        return self._encode_batch([text])[0]
+
+    def _encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # special-token strings inside text are plain text: only the chat format inserts special tokens
+        if all(len(text) <= _MAX_RUN for text in texts):
+            return self._encode_pieces(texts)
+        pieces, owners = [], []
+        for index, text in enumerate(texts):
+            for piece in _split_long(text):
+                pieces.append(piece)
+                owners.append(index)
+        out: list[list[int]] = [[] for _ in texts]
+        for owner, ids in zip(owners, self._encode_pieces(pieces)):
+            out[owner].extend(ids)
+        return out
+
+    def _encode_pieces(self, texts: list[str]) -> list[list[int]]:
+        if len(texts) < _MIN_BATCH:  # a thread pool costs more than it saves on a few texts
+            return [self._encoding.encode_ordinary(text) for text in texts]
+        return self._encoding.encode_ordinary_batch(texts, num_threads=_NUM_THREADS)
 
     def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]:
         """Encodes text (special-token strings in it are encoded as ordinary text).
@@ -139,14 +160,23 @@ class TikTokenBaseTokenizer:
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids of ``text`` (no BOS/EOS) with each token's UTF-8 byte span in ``text``."""
-        ids = self._encode_text(text)
-        spans, position = [], 0
-        for i in ids:
-            end = position + self._num_bytes[i]
-            spans.append((position, end))
-            position = end
-        return ids, spans
+        return self._encode_with_offsets_batch([text])[0]
+
+    def _encode_with_offsets_batch(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        out = []
+        for ids in self._encode_batch(texts):
+            ends = np.cumsum([self._num_bytes[i] for i in ids], dtype=np.int64)  # tokens tile the text's bytes
+            starts = np.concatenate(([0], ends[:-1])) if len(ids) else ends
+            out.append((ids, list(zip(starts.tolist(), ends.tolist()))))
+        return out
 
     def encode_segments(self, segments: Sequence[Segment]) -> tuple[list[int], list[bool]]:
         """Tokens of a rendered conversation and whether each is trainable."""
-        return encode_chunked(segments, self.token_id, self._encode_text, self.encode_with_offsets)
+        return self.encode_segments_batch([segments])[0]
+
+    def encode_segments_batch(self, conversations: Sequence[Sequence[Segment]]) -> list[tuple[list[int], list[bool]]]:
+        """:meth:`encode_segments` of several conversations, their texts encoded in one tiktoken batch call.
+
+        A ``separate`` segment needs no trimming here: tiktoken adds no space before a text.
+        """
+        return encode_chunked_batch(conversations, self.token_id, self._encode_batch, self._encode_with_offsets_batch)

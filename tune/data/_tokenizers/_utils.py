@@ -3,11 +3,9 @@
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from tune.data._chat_formats import Segment
-
-# (token ids, [(start, end)] UTF-8 byte offsets of each token in the text)
-EncodeWithOffsets = Callable[[str], tuple[list[int], list[tuple[int, int]]]]
-
 
 def truncate(tokens: list, max_seq_len: int, eos_id=None) -> list:
     """Cuts ``tokens`` to ``max_seq_len`` items; when it cut and ``eos_id`` is given, the last item becomes it.
@@ -64,68 +62,132 @@ def token_flags(
     answer text. An empty span, or a token whose id is in ``atomic`` (added tokens such as ``<|im_end|>``, which
     may swallow neighbouring whitespace), takes the flag at its start.
     """
-    last = len(flags) - 1
-    if last < 0:
-        return [False] * len(offsets)
-    find = flags.find
-    out = []
-    for k, (start, end) in enumerate(offsets):
-        if end <= start or (atomic and ids[k] in atomic):
-            out.append(flags[min(start, last)] == 1)
-        else:
-            out.append(find(1, start, end) >= 0)
-    return out
+    num_tokens = len(offsets)
+    if not flags or not num_tokens:
+        return [False] * num_tokens
+    flag_array = np.frombuffer(bytes(flags), dtype=np.uint8)
+    last = len(flag_array) - 1
+    # trained positions before each index, so "any trained position in [start, end)" is one subtraction
+    before = np.zeros(len(flag_array) + 1, dtype=np.int64)
+    np.cumsum(flag_array, out=before[1:])
+    spans = np.asarray(offsets, dtype=np.int64).reshape(num_tokens, 2)
+    start = np.minimum(spans[:, 0], last + 1)
+    end = np.clip(spans[:, 1], start, last + 1)
+    trained = before[end] > before[start]
+    at_start = flag_array[np.minimum(spans[:, 0], last)] == 1
+    point = spans[:, 1] <= spans[:, 0]
+    if atomic:
+        point |= np.isin(np.asarray(ids, dtype=np.int64), np.fromiter(atomic, dtype=np.int64))
+    return np.where(point, at_start, trained).tolist()
 
 
-def encode_chunked(
+# How a separate segment is encoded: (text) -> (text to encode, number of leading tokens to drop afterwards).
+PrepareSeparate = Callable[[str, bool], tuple[str, int]]
+
+# Parts of a planned conversation: a special token, a text with one flag, or a text mixing trained and untrained.
+_SPECIAL, _TEXT, _MIXED = 0, 1, 2
+
+
+def _plan(
     segments: Sequence[Segment],
     special_id: Callable[[str], int],
-    encode: Callable[[str], list[int]],
-    encode_with_offsets: EncodeWithOffsets,
-    rstrip: "frozenset[str]" = frozenset(),
-) -> tuple[list[int], list[bool]]:
-    """Encodes segments for tokenizers that split the text at special tokens first (SentencePiece, tiktoken).
-
-    Special segments become their id; the text between two special tokens is encoded in one call, exactly as
-    Hugging Face tokenizers encode the pieces between added tokens, and each token is trained when it overlaps
-    a trained segment. Whitespace right after a special token named in ``rstrip`` is dropped, as Hugging Face
-    does for added tokens marked ``rstrip`` (Phi-3's ``<|user|>``, ``<|end|>``, ...). Offsets (UTF-8 byte spans)
-    are only computed for chunks that mix trained and untrained text.
-    """
-    tokens: list[int] = []
-    trainable: list[bool] = []
+    rstrip: "frozenset[str]",
+    prepare_separate: PrepareSeparate,
+    texts: list[str],
+    mixed: list[tuple[str, bytearray]],
+) -> list[tuple]:
+    """Splits one conversation into parts; texts to encode are appended to ``texts``/``mixed`` (by index)."""
+    plan: list[tuple] = []
     chunk: list[Segment] = []
 
     def flush() -> None:
         if not chunk:
             return
         if all(s.trainable == chunk[0].trainable for s in chunk):
-            ids = encode("".join(s.text for s in chunk))
-            tokens.extend(ids)
-            trainable.extend([chunk[0].trainable] * len(ids))
+            plan.append((_TEXT, len(texts), chunk[0].trainable, 0))
+            texts.append("".join(s.text for s in chunk))
         else:
-            text, flags = byte_flags(chunk)
-            ids, offsets = encode_with_offsets(text)
-            tokens.extend(ids)
-            trainable.extend(token_flags(offsets, flags))
+            plan.append((_MIXED, len(mixed)))
+            mixed.append(byte_flags(chunk))
         chunk.clear()
 
     strip_next = False
     for segment in segments:
         if segment.special:
             flush()
-            tokens.append(special_id(segment.text))
-            trainable.append(segment.trainable)
+            plan.append((_SPECIAL, special_id(segment.text), segment.trainable))
             strip_next = segment.text in rstrip
-        elif strip_next:
-            text = segment.text.lstrip()
-            if text:
-                chunk.append(Segment(text, segment.trainable))
-                strip_next = False
+            continue
+        text = segment.text.lstrip() if strip_next else segment.text
+        if not text:
+            continue
+        strip_next = False
+        if segment.separate:
+            flush()
+            text, drop = prepare_separate(text, segment.trim_leading_whitespace)
+            plan.append((_TEXT, len(texts), segment.trainable, drop))
+            texts.append(text)
         else:
-            chunk.append(segment)
+            chunk.append(segment if text is segment.text else Segment(text, segment.trainable))
     flush()
-    return tokens, trainable
+    return plan
+
+
+def _no_prefix(text: str, trim_leading_whitespace: bool) -> tuple[str, int]:
+    return text, 0
+
+
+def encode_chunked_batch(
+    conversations: Sequence[Sequence[Segment]],
+    special_id: Callable[[str], int],
+    encode_batch: Callable[[list[str]], list[list[int]]],
+    encode_with_offsets_batch: Callable[[list[str]], list[tuple[list[int], list[tuple[int, int]]]]],
+    rstrip: "frozenset[str]" = frozenset(),
+    prepare_separate: PrepareSeparate = _no_prefix,
+) -> list[tuple[list[int], list[bool]]]:
+    """Encodes rendered conversations for tokenizers that split the text at special tokens first (SentencePiece,
+    tiktoken), with one batch call to the backend for all the texts of all the conversations.
+
+    Special segments become their id; the text between two special tokens is encoded in one piece, exactly as
+    Hugging Face tokenizers encode the pieces between added tokens, and each token is trained when it overlaps
+    a trained segment. A ``separate`` segment is encoded on its own (``prepare_separate`` may prefix it with text
+    whose tokens are then dropped). Whitespace right after a special token named in ``rstrip`` is dropped, as
+    Hugging Face does for added tokens marked ``rstrip`` (Phi-3's ``<|user|>``, ``<|end|>``, ...). Offsets (UTF-8
+    byte spans) are only computed for chunks that mix trained and untrained text.
+
+    Returns:
+        list[tuple[list[int], list[bool]]]: ``(tokens, trainable)`` per conversation.
+    """
+    texts: list[str] = []
+    mixed: list[tuple[str, bytearray]] = []
+    special_ids: dict[str, int] = {}
+
+    def cached_special_id(token: str) -> int:  # a handful of distinct special tokens, looked up per conversation
+        if token not in special_ids:
+            special_ids[token] = special_id(token)
+        return special_ids[token]
+
+    plans = [_plan(segments, cached_special_id, rstrip, prepare_separate, texts, mixed) for segments in conversations]
+    encoded = encode_batch(texts) if texts else []
+    mixed_encoded = encode_with_offsets_batch([text for text, _ in mixed]) if mixed else []
+    results = []
+    for plan in plans:
+        tokens: list[int] = []
+        trainable: list[bool] = []
+        for part in plan:
+            if part[0] == _SPECIAL:
+                tokens.append(part[1])
+                trainable.append(part[2])
+            elif part[0] == _TEXT:
+                ids = encoded[part[1]][part[3] :] if part[3] else encoded[part[1]]
+                tokens.extend(ids)
+                trainable.extend([part[2]] * len(ids))
+            else:
+                ids, offsets = mixed_encoded[part[1]]
+                tokens.extend(ids)
+                trainable.extend(token_flags(offsets, mixed[part[1]][1]))
+        results.append((tokens, trainable))
+    return results
 
 
 def require_file(path: "str | Path", what: str, hint: str) -> Path:
