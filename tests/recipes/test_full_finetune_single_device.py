@@ -1,0 +1,212 @@
+"""Integration tests of recipes/full_finetune_single_device.py: `tune run` on a tiny Llama for a few steps.
+
+Expected losses come from an independent plain-PyTorch loop (tests/recipes/utils.py ``reference_run``):
+the same checkpoint loaded with ``transformers``, ``torch.optim.AdamW`` and ``F.cross_entropy`` on full logits.
+"""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.recipes.utils import ASSETS, pad_batch, read_jsonl, reference_run, run_recipe, tiny_dataset
+
+pytestmark = pytest.mark.integration
+
+RECIPE = "full_finetune_single_device"
+CONFIG = ASSETS / "full_tiny.yaml"
+LR, WEIGHT_DECAY = 1e-3, 0.01
+
+
+def _overrides(assets: Path, out: Path, *extra: str) -> list[str]:
+    return [f"assets_dir={assets}", f"output_dir={out}", *extra]
+
+
+def _train_log(out: Path) -> list[dict]:
+    return [r for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
+
+
+def test_first_losses_match_plain_pytorch_loop(tiny_assets, tmp_path):
+    out = tmp_path / "run"
+    run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out), cwd=tmp_path)
+    records = _train_log(out)
+    ref_losses, ref_grad_norms, ref_model = reference_run(tiny_assets, 3, 4, lr=LR, weight_decay=WEIGHT_DECAY)
+
+    assert [r["step"] for r in records] == [1, 2, 3]
+    losses = [r["loss"] for r in records]
+    print("recipe losses   ", losses, "\nreference losses", ref_losses)
+    assert losses == pytest.approx(ref_losses, abs=1e-5, rel=0)
+    assert [r["grad_norm"] for r in records] == pytest.approx(ref_grad_norms, rel=1e-4)
+    for r in records:  # what every logging step carries
+        assert r["lr"] == pytest.approx(LR) and r["tokens_per_second"] > 0
+
+    # the final checkpoint is a Hugging Face model equal to the reference model after the same 3 steps
+    from transformers import LlamaForCausalLM
+
+    saved = LlamaForCausalLM.from_pretrained(out / "step_3", dtype=torch.float32)
+    ref_params = dict(ref_model.named_parameters())
+    for name, param in saved.named_parameters():
+        torch.testing.assert_close(param, ref_params[name], atol=2e-5, rtol=0, msg=name)
+    assert (out / "config.yaml").is_file() and (out / "step_3" / "config.yaml").is_file()
+
+
+def test_gradient_accumulation_2x2_equals_1x4(tiny_assets, tmp_path):
+    # SGD, not AdamW: its update is linear in the gradient, so rounding differences between the two ways of
+    # summing stay at float32 noise instead of being blown up by Adam's first-step normalisation (~sign(g) * lr)
+    sgd = ["optimizer._component_=torch.optim.SGD", "optimizer.lr=0.5"]
+    run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, tmp_path / "a", *sgd, "batch_size=4"), cwd=tmp_path)
+    run_recipe(
+        RECIPE, CONFIG,
+        _overrides(tiny_assets, tmp_path / "b", *sgd, "batch_size=2", "gradient_accumulation_steps=2"),
+        cwd=tmp_path,
+    )
+    big, accumulated = _train_log(tmp_path / "a"), _train_log(tmp_path / "b")
+    assert len(big) == len(accumulated) == 3
+    assert [r["loss"] for r in accumulated] == pytest.approx([r["loss"] for r in big], abs=1e-5, rel=0)
+    assert [r["grad_norm"] for r in accumulated] == pytest.approx([r["grad_norm"] for r in big], rel=1e-5)
+
+
+def test_resume_mid_epoch_reproduces_the_uninterrupted_run(tiny_assets, tmp_path):
+    # 2 epochs of 3 steps, shuffled, accumulation 2; checkpoints after steps 2 (mid-epoch), 3, 4 and 6
+    common = [
+        "shuffle=True", "batch_size=2", "gradient_accumulation_steps=2", "epochs=2", "save_every_n_steps=2",
+        "lr_scheduler._component_=tune.training.get_cosine_schedule_with_warmup", "lr_scheduler.num_warmup_steps=1",
+    ]
+    out = tmp_path / "run"
+    run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *common), cwd=tmp_path)
+    uninterrupted = {r["step"]: r["loss"] for r in _train_log(out)}
+    assert sorted(uninterrupted) == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in out.glob("step_*")) == ["step_2", "step_3", "step_4", "step_6"]
+
+    # "crash" after step 2: keep only its checkpoint, then resume into the same output_dir
+    for name in ("step_3", "step_4", "step_6", "logs"):
+        shutil.rmtree(out / name)
+    run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *common, "resume_from_checkpoint=True"), cwd=tmp_path)
+    resumed = {r["step"]: r["loss"] for r in _train_log(out)}
+    assert sorted(resumed) == [3, 4, 5, 6]
+    for step in resumed:  # exact: same data order, optimizer state, LR schedule and RNG
+        assert resumed[step] == pytest.approx(uninterrupted[step], abs=1e-6, rel=0), step
+
+
+def test_validation_loss_is_logged_and_equals_the_checkpoint_loss(tiny_assets, tmp_path):
+    out = tmp_path / "run"
+    extra = [
+        "dataset_val._component_=tune.datasets.alpaca_dataset", "dataset_val.source=json",
+        f"dataset_val.data_files={tiny_assets}/val.json", "dataset_val.split=train",
+        "dataset_val.train_on_input=False", "run_val_every_n_steps=3",
+    ]
+    run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path)
+    val = [r for r in read_jsonl(out / "logs" / "log.jsonl") if "val_loss" in r]
+    assert [r["step"] for r in val] == [3]
+
+    # independent value: the saved step-3 model's mean loss over every validation token
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(out / "step_3", dtype=torch.float32).eval()
+    dataset = tiny_dataset(tiny_assets, "val.json")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(dataset), 4):
+            tokens, labels = pad_batch([dataset[i] for i in range(start, min(start + 4, len(dataset)))])
+            logits = model(input_ids=tokens).logits
+            total += F.cross_entropy(
+                logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum"
+            ).item()
+            count += int((labels[:, 1:] != -100).sum())
+    assert val[0]["val_loss"] == pytest.approx(total / count, abs=1e-5)
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_assets, tmp_path):
+    out = tmp_path / "run"
+    extra = [
+        "loss._component_=nan_loss.NaNAfterNCalls", "loss.num_finite_calls=2", "save_every_n_steps=1",
+        "keep_last_n_checkpoints=1",
+    ]
+    proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "The training loss is nan at step 3" in proc.stderr
+    assert "Traceback" not in proc.stderr  # a clear error, not a crash
+    # steps 1 and 2 were finite and saved (step_1 then pruned: keep_last_n_checkpoints=1); step 3's loss is NaN,
+    # so nothing was written after step 2 and its checkpoint is the one kept
+    assert sorted(p.name for p in out.glob("step_*")) == ["step_2"]
+    assert (out / "step_2" / "recipe_state.pt").is_file()
+    assert [r["step"] for r in _train_log(out)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "logger, expected_file",
+    [
+        ("tune.training.StdoutLogger", None),
+        ("tune.training.DiskLogger", "log.jsonl"),
+        ("tune.training.TensorBoardLogger", "events.out.tfevents.*"),
+    ],
+)
+def test_every_metric_logger_writes_the_step_metrics(tiny_assets, tmp_path, logger, expected_file):
+    out = tmp_path / "run"
+    extra = [f"metric_logger._component_={logger}", "max_steps_per_epoch=2", "log_peak_memory_stats=True"]
+    if "TensorBoard" in logger:
+        extra.append("~metric_logger.filename")  # TensorBoard names its own event files
+    proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path)
+    if expected_file is None:
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("Step ")]
+        assert len(lines) == 2
+        for key in ("loss:", "lr:", "tokens_per_second:", "grad_norm:", "peak_memory_rss:"):
+            assert key in lines[-1]
+        return
+    files = list((out / "logs").rglob(expected_file))
+    assert files, f"{logger} wrote nothing under {out / 'logs'}"
+    if expected_file == "log.jsonl":
+        records = _train_log(out)
+        assert [r["step"] for r in records] == [1, 2]
+        assert {"loss", "lr", "tokens_per_second", "grad_norm", "peak_memory_rss"} <= set(records[-1])
+    else:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(files[0].parent))
+        events.Reload()
+        assert {"loss", "lr", "tokens_per_second", "grad_norm"} <= set(events.Tags()["scalars"])
+        assert [e.step for e in events.Scalars("loss")] == [1, 2]
+
+
+def test_compile_checkpointing_optimizer_in_backward_collator_and_profiler_keep_the_losses(tiny_assets, tmp_path):
+    # none of these may change the numbers: the losses still equal the plain PyTorch loop
+    out = tmp_path / "run"
+    extra = [
+        "compile=True",
+        "enable_activation_checkpointing=True",
+        "enable_activation_offloading=True",  # no effect on CPU: warned about, not an error
+        "optimizer_in_bwd=True",
+        "collate_fn={_component_: user_components.PadToMultipleCollator, pad_to_multiple_of: 64}",
+        "profiler.enabled=True", f"profiler.output_dir={out}/profile", "profiler.wait_steps=0",
+        "profiler.warmup_steps=1", "profiler.active_steps=1",
+    ]
+    env = {"TORCH_COMPILE_BACKEND": "eager"}  # dynamo tracing without a C++ toolchain on the test machine
+    proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path, env=env)
+    ref_losses, _, _ = reference_run(tiny_assets, 3, batch_size=4, lr=LR, weight_decay=WEIGHT_DECAY)
+    records = _train_log(out)
+    assert [r["loss"] for r in records] == pytest.approx(ref_losses, abs=1e-5, rel=0)
+    assert "grad_norm" not in records[0]  # with optimizer_in_bwd no full gradient ever exists
+    assert "enable_activation_offloading=True is ignored" in proc.stderr
+    assert list((out / "profile").glob("*trace.json*"))
+
+
+def test_packed_bf16_user_optimizer_and_scheduler(tiny_assets, tmp_path):
+    out = tmp_path / "run"
+    extra = [
+        "dataset.packed=True", "dtype=bf16", "max_steps_per_epoch=4", "log_every_n_steps=2",
+        "optimizer._component_=user_components.AdamWWithUpdateNorm",
+        "lr_scheduler={_component_: torch.optim.lr_scheduler.StepLR, step_size: 1, gamma: 0.5}",
+    ]
+    run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path)
+    records = _train_log(out)
+    assert [r["step"] for r in records] == [2, 4]
+    assert all(r["loss"] == r["loss"] and 0 < r["loss"] < 20 for r in records)  # finite, sane
+    # StepLR halves the LR after every step: after 2 and 4 steps, 1e-3 / 4 and 1e-3 / 16
+    assert [r["lr"] for r in records] == pytest.approx([LR / 4, LR / 16])
+    assert all(r["update_norm"] > 0 for r in records)  # the dict returned by the user's optimizer.step()
+    # the checkpoint keeps the input's dtype (fp32) although training ran in bf16
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(out / "step_4" / "model.safetensors").values()} == {torch.float32}
