@@ -39,7 +39,8 @@ class FullFinetuneRecipeSingleDevice:
     Supports gradient accumulation (the loss is normalised by the non-ignored tokens of the whole step),
     gradient clipping, any optimizer and LR scheduler by ``_component_``, ``optimizer_in_bwd``, activation
     checkpointing and offloading, ``compile``, chunked cross-entropy, fp32/bf16, validation every N steps,
-    step and epoch checkpoints with exact mid-epoch resume, metric loggers, a progress bar and the profiler.
+    step and epoch checkpoints with exact mid-epoch resume, metric loggers, a progress bar and the profiler;
+    ``model_converters`` (e.g. QAT) and a ``finetuning_schedule`` (gradual unfreezing).
 
     Args:
         cfg (DictConfig): the recipe config (see ``configs/*/*_full_single_device.yaml``).
@@ -95,8 +96,39 @@ class FullFinetuneRecipeSingleDevice:
                 problems.append(config.ConfigProblem(key, "must be a positive integer, or null to turn it off", value))
         if self._run_val_every_n_steps is not None and cfg.get("dataset_val", None) is None:
             problems.append(config.ConfigProblem("dataset_val", "is missing: run_val_every_n_steps needs a dataset"))
+        problems += self._check_extensions(cfg)
         if problems:
             raise config.ConfigError(problems)
+
+    def _check_extensions(self, cfg: DictConfig) -> list[config.ConfigProblem]:
+        # model_converters and finetuning_schedule are checked before anything is loaded or built; the schedule
+        # object is made here (its constructor checks the phases) and set up once the optimizer exists
+        problems = []
+        converters = cfg.get("model_converters", None) or []
+        try:  # the order rule is checked on the converter classes
+            training.validate_converter_order([
+                config.get_component_from_path(c.get("_component_"), f"model_converters[{i}]._component_")
+                for i, c in enumerate(converters)
+            ])
+        except config.ConfigError as err:
+            problems += err.problems
+        except (TypeError, ValueError) as err:
+            problems.append(config.ConfigProblem("model_converters", str(err)))
+        self._finetuning_schedule = None
+        if cfg.get("finetuning_schedule", None) is not None:
+            if self._optimizer_in_bwd:
+                problems.append(config.ConfigProblem(
+                    "finetuning_schedule",
+                    "cannot be combined with optimizer_in_bwd: True (the per-parameter optimizers of optimizer_in_bwd "
+                    "cannot take the param groups that later phases add). Set optimizer_in_bwd: False",
+                ))
+            try:
+                self._finetuning_schedule = training.FinetuningSchedule(
+                    cfg.finetuning_schedule, cfg.get("finetuning_schedule_auto_transition", None)
+                )
+            except ValueError as err:
+                problems.append(config.ConfigProblem("finetuning_schedule", str(err)))
+        return problems
 
     # ------------------------------------------------------------------------------------------------ checkpoint
 
@@ -135,7 +167,7 @@ class FullFinetuneRecipeSingleDevice:
     def _recipe_state(self, epoch: int) -> dict[str, Any]:
         steps_in_epoch = self.global_step - epoch * self._steps_per_epoch
         samples_per_step = self._gradient_accumulation_steps * self._batch_size
-        return {
+        state = {
             training.OPT_KEY: self._optimizer.state_dict(),
             training.LR_SCHEDULER_KEY: self._lr_scheduler.state_dict() if self._lr_scheduler is not None else None,
             training.SEED_KEY: self._seed,
@@ -145,6 +177,9 @@ class FullFinetuneRecipeSingleDevice:
             training.STEPS_KEY: self.global_step,
             training.DATALOADER_KEY: self._sampler.state_dict(num_consumed=steps_in_epoch * samples_per_step),
         }
+        if self._finetuning_schedule is not None:
+            state["finetuning_schedule"] = self._finetuning_schedule.state_dict()
+        return state
 
     def _restore_recipe_state(self, ckpt: dict[str, Any]) -> None:
         if ckpt[training.SEED_KEY] != self._seed or ckpt[training.MAX_STEPS_KEY] != self._max_steps_per_epoch:
@@ -153,6 +188,10 @@ class FullFinetuneRecipeSingleDevice:
                 "resumed run will not see the data an uninterrupted run would.",
                 self._seed, self._max_steps_per_epoch, ckpt[training.SEED_KEY], ckpt[training.MAX_STEPS_KEY],
             )
+        if self._finetuning_schedule is not None and ckpt.get("finetuning_schedule") is not None:
+            # before the optimizer's state: the phase's param groups must exist for it to load into
+            for line in self._finetuning_schedule.load_state_dict(ckpt["finetuning_schedule"]):
+                log.info(line)
         self._optimizer.load_state_dict(ckpt[training.OPT_KEY])
         if self._lr_scheduler is not None and ckpt[training.LR_SCHEDULER_KEY] is not None:
             self._lr_scheduler.load_state_dict(ckpt[training.LR_SCHEDULER_KEY])
@@ -170,9 +209,11 @@ class FullFinetuneRecipeSingleDevice:
         self._metric_logger = config.instantiate(cfg.metric_logger)
         self._metric_logger.log_config(cfg)
         ckpt = self.load_checkpoint(cfg.checkpointer)
+        self._model_converters = config.instantiate(cfg.get("model_converters", None)) or []
         self._model = self._setup_model(cfg.model, ckpt[training.MODEL_KEY])
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._optimizer = self._setup_optimizer(cfg.optimizer)
+        training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
         self._loss_fn = self._setup_loss(cfg.loss)
         self._batch_size = cfg.batch_size
         collate_cfg = cfg.get("collate_fn", None)  # ours: a function path or a collator class with kwargs
@@ -196,6 +237,7 @@ class FullFinetuneRecipeSingleDevice:
             ))
         self._total_steps = self._epochs * self._steps_per_epoch
         self._lr_scheduler = self._setup_lr_scheduler(cfg.get("lr_scheduler", None))
+        self._setup_finetuning_schedule()
         self._profiler = self._setup_profiler(cfg.get("profiler", None))
         if self._resume:
             self._restore_recipe_state(ckpt)
@@ -207,11 +249,25 @@ class FullFinetuneRecipeSingleDevice:
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         model.load_state_dict(model_state_dict)
+        model = self._apply_model_converters(model)
         if self._compile:
             training.compile_model(model)
         self._activations_ctx = self._activation_offloading_ctx()
         num_params = sum(p.numel() for p in model.parameters())
         log.info("Model: %s parameters in %s on %s.", f"{num_params:,}", self._dtype, self._device)
+        return model
+
+    def _apply_model_converters(self, model: nn.Module) -> nn.Module:
+        # on the loaded model, before the optimizer exists; the schedule's patterns are then checked against it
+        try:
+            model = training.apply_model_converters(model, self._model_converters)
+        except ValueError as err:
+            raise config.ConfigError(config.ConfigProblem("model_converters", str(err))) from err
+        if self._finetuning_schedule is not None:
+            try:
+                self._finetuning_schedule.validate(model)
+            except ValueError as err:
+                raise config.ConfigError(config.ConfigProblem("finetuning_schedule", str(err))) from err
         return model
 
     def _activation_offloading_ctx(self) -> contextlib.AbstractContextManager:
@@ -230,9 +286,19 @@ class FullFinetuneRecipeSingleDevice:
             return training.OptimizerInBackward(self._model.named_parameters(), factory)
         return config.instantiate(cfg_optimizer, self._model.parameters())
 
+    def _setup_finetuning_schedule(self) -> None:
+        if self._finetuning_schedule is None:
+            return
+        try:  # freezes every parameter outside phase 0 and takes it out of the optimizer
+            lines = self._finetuning_schedule.setup(self._model, self._optimizer, self._lr_scheduler)
+        except ValueError as err:
+            raise config.ConfigError(config.ConfigProblem("finetuning_schedule", str(err))) from err
+        for line in lines:
+            log.info(line)
+
     def _setup_loss(self, cfg_loss: DictConfig) -> nn.Module:
         loss_fn = config.instantiate(cfg_loss)
-        if isinstance(loss_fn, CEWithChunkedOutputLoss):
+        if isinstance(loss_fn, CEWithChunkedOutputLoss) and hasattr(self._model, "skip_output_layer"):
             # the same sum of token losses, but the output projection runs inside the loss one chunk at a time,
             # so full [tokens, vocab] logits never exist (torchtune configs name CEWithChunkedOutputLoss)
             loss_fn = LinearCrossEntropyLoss(loss_fn.num_output_chunks, loss_fn.ignore_index, loss_fn.reduction)
@@ -347,12 +413,16 @@ class FullFinetuneRecipeSingleDevice:
                     pbar.set_postfix(tokens_per_second=f"{metrics['tokens_per_second']:.0f}")
                     self._loss_since_log.zero_()
                     steps_since_log = 0
+                val_loss = None
                 if self._run_val_every_n_steps and self.global_step % self._run_val_every_n_steps == 0:
-                    self._validate()
+                    val_loss = self._validate()
                     throughput.reset()  # validation time is not training throughput
                 end_of_epoch = self.global_step == (epoch + 1) * self._steps_per_epoch
                 if end_of_epoch:
                     self.epochs_run = epoch + 1
+                if self._finetuning_schedule is not None:  # the next phase may begin: new params join the optimizer
+                    for line in self._finetuning_schedule.step(self.global_step, self.epochs_run, val_loss) or []:
+                        log.info(line)
                 if end_of_epoch or (self._save_every_n_steps and self.global_step % self._save_every_n_steps == 0):
                     self.save_checkpoint(epoch)
                     throughput.reset()

@@ -166,12 +166,20 @@ def pad_batch(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def reference_run(
-    assets: Path, num_steps: int, batch_size: int, lr: float, weight_decay: float, model: torch.nn.Module | None = None
+    assets: Path,
+    num_steps: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float,
+    model: torch.nn.Module | None = None,
+    optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
 ) -> tuple[list[float], list[float], torch.nn.Module]:
     """An independent plain PyTorch + transformers training loop over the tiny dataset in order (no shuffle).
 
     Args:
         model (torch.nn.Module | None): the model to train (e.g. a PEFT model); default the HF checkpoint.
+        optimizer_cls (type[torch.optim.Optimizer]): built as ``optimizer_cls(params, lr=, weight_decay=,
+            foreach=False)``. Default ``torch.optim.AdamW``.
 
     Returns:
         tuple: losses and gradient norms of the first ``num_steps`` steps, and the trained model.
@@ -183,7 +191,7 @@ def reference_run(
         model = LlamaForCausalLM.from_pretrained(assets / "llama", dtype=torch.float32)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
+    optimizer = optimizer_cls(params, lr=lr, weight_decay=weight_decay, foreach=False)
     losses, grad_norms = [], []
     for step in range(num_steps):
         tokens, labels = pad_batch([dataset[i] for i in range(step * batch_size, (step + 1) * batch_size)])

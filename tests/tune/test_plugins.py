@@ -108,7 +108,7 @@ def test_an_installed_plugin_recipe_is_listed_and_runs_and_a_broken_one_only_war
         "tune: warning: tune plugin 'broken_thing' (tune_broken_plugin:THING) failed to load and is ignored: "
         "RuntimeError: this plugin is broken on purpose\n"
     )
-    listing = _tune("ls", "demo", cwd=tmp_path)
+    listing = _tune("ls", "demo_recipe", cwd=tmp_path)
     assert listing.returncode == 0
     assert listing.stdout.splitlines() == [
         "RECIPE                DISTRIBUTED  CONFIG",

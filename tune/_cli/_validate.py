@@ -5,13 +5,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, ListConfig
+
 from tune._cli._common import HelpFormatter, examples
 from tune._cli._sample import render_sample
 from tune.config import (
+    ConfigError,
+    ConfigProblem,
     RecipeInfo,
     TuneError,
     find_config,
     find_recipe,
+    get_component_from_path,
     instantiate,
     load_config,
     recipes_for_config,
@@ -23,6 +28,26 @@ from tune.config._recipe_scan import scan_recipe
 IGNORE_INDEX = -100  # labels equal to it get no loss (tune.data.CROSS_ENTROPY_IGNORE_IDX)
 
 
+class _IntermixedArgumentParser(argparse.ArgumentParser):
+    """Lets overrides follow options: ``tune validate my.yaml --recipe R key=value``.
+
+    A plain ``ArgumentParser`` takes every positional (CONFIG and the overrides) from the first run of them, so
+    ``key=value`` after ``--recipe R`` would be an unrecognized argument. The subcommand's parser is called with
+    ``parse_known_args`` by the top-level one; this parses intermixed instead.
+    """
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+        if self._intermixing:  # the two passes of parse_known_intermixed_args call back here
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "validate",
@@ -32,7 +57,10 @@ def add_parser(subparsers) -> None:
             "key path and value: YAML syntax errors (with line numbers), interpolations that do not resolve,\n"
             "`???` values left unset, `_component_` paths that do not import (anywhere in the tree), arguments\n"
             "a component does not accept or misses (counting those the recipe passes at run time), and keys the\n"
-            "recipe reads that the config lacks. Exit status 0 with one OK line, or 1 with the list."
+            "recipe reads that the config lacks. The modules listed under `imports:` are imported first.\n"
+            "`model_converters` are checked for their order; `finetuning_schedule` phases are checked, and their\n"
+            "parameter patterns matched against the model built on the meta device (no memory, no weights).\n"
+            "Exit status 0 with one OK line, or 1 with the list."
         ),
         formatter_class=HelpFormatter,
         epilog=examples(
@@ -42,6 +70,7 @@ def add_parser(subparsers) -> None:
             "tune validate my.yaml --recipe lora_finetune_single_device --show-sample 0",
         ),
     )
+    parser.__class__ = _IntermixedArgumentParser  # built by `subparsers`, which takes no parser class per command
     parser.add_argument(
         "config", metavar="CONFIG", help="config name or YAML file; e.g. llama3_2/1B_lora_single_device or my.yaml"
     )
@@ -62,6 +91,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "overrides",
         nargs="*",
+        default=[],  # optional: without a default, argparse would list it as required when CONFIG is missing
         metavar="key=value",
         help="overrides applied before checking; e.g. batch_size=8 ~profiler",
     )
@@ -71,12 +101,14 @@ def run(args: argparse.Namespace) -> int:
     path = find_config(args.config)
     recipe = _recipe(args)
     problems = validate_config(path, recipe.path if recipe else None, args.overrides)
+    problems += _check_extensions(path, args.overrides, problems)
     against = f" for recipe {recipe.name}" if recipe else ""
     if problems:
         count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
         print(f"{args.config}: {count}{against}:")
         for problem in problems:
-            print(f"  - {problem}")
+            text = str(problem).replace("\n", "\n    ")  # a problem's own lines, indented under its bullet
+            print(f"  - {text}")
         return 1
     if recipe is None:
         print(
@@ -87,6 +119,67 @@ def run(args: argparse.Namespace) -> int:
     if args.show_sample is not None:
         print(_sample(path, args.overrides, args.show_sample, recipe))
     return 0
+
+
+def _check_extensions(path: Path, overrides: list[str], found: list[ConfigProblem]) -> list[ConfigProblem]:
+    """The order of ``model_converters`` and the ``finetuning_schedule`` (phases, and patterns against the model)."""
+    try:
+        cfg = load_config(path, overrides)  # its `imports:` were imported by validate_config
+    except TuneError:
+        return []  # reported by validate_config already
+    problems = []
+    converters = cfg.get("model_converters", None)
+    if isinstance(converters, ListConfig) and converters:
+        problems += _check_converter_order(converters)
+    if cfg.get("finetuning_schedule", None) is not None:
+        problems += _check_finetuning_schedule(cfg, found)
+    return problems
+
+
+def _check_converter_order(converters: ListConfig) -> list[ConfigProblem]:
+    from tune import training  # imports torch: only when a config has model_converters
+
+    try:
+        classes = [
+            get_component_from_path(c.get("_component_") if isinstance(c, DictConfig) else c, f"model_converters[{i}]")
+            for i, c in enumerate(converters)
+        ]
+        training.validate_converter_order(classes)
+    except ConfigError:
+        return []  # an entry that does not import: reported by validate_config already
+    except (TypeError, ValueError) as err:
+        return [ConfigProblem("model_converters", str(err))]
+    return []
+
+
+def _check_finetuning_schedule(cfg: DictConfig, found: list[ConfigProblem]) -> list[ConfigProblem]:
+    import torch
+
+    from tune import training
+
+    try:
+        schedule = training.FinetuningSchedule(
+            cfg.finetuning_schedule, cfg.get("finetuning_schedule_auto_transition", None)
+        )
+    except ValueError as err:
+        return [ConfigProblem("finetuning_schedule", str(err))]
+    if "model" not in cfg or any(p.key.split(".")[0].split("[")[0] == "model" for p in found):
+        return []  # the model's own problems are listed; its parameter names cannot be known
+    try:
+        with torch.device("meta"):  # parameter names only: nothing is allocated, no weights are read
+            model = instantiate(cfg.model)
+    except Exception as err:  # noqa: BLE001 - a builder that cannot run on meta leaves the patterns unchecked
+        print(
+            "note: finetuning_schedule patterns were not checked against the model, which could not be built on the "
+            f"meta device ({type(err).__name__}: {err}); the phases' syntax was checked",
+            file=sys.stderr,
+        )
+        return []
+    try:
+        schedule.validate(model)
+    except ValueError as err:
+        return [ConfigProblem("finetuning_schedule", str(err))]
+    return []
 
 
 def _recipe(args: argparse.Namespace) -> RecipeInfo | None:

@@ -19,6 +19,7 @@ from tune.config._discovery import (
     shipped_dirs,
 )
 from tune.config._errors import ConfigError, ConfigProblem, RecipeError, TuneError
+from tune.config._imports import import_modules
 from tune.config._instantiate import get_component_from_path, instantiate
 from tune.config._io import log_config, resolved_yaml, save_config
 from tune.config._load import apply_overrides, load_config, parse_override_value, read_yaml
@@ -38,6 +39,7 @@ __all__ = [
     "find_config",
     "find_recipe",
     "get_component_from_path",
+    "import_modules",
     "instantiate",
     "list_configs",
     "list_recipes",

@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from tune.config._discovery import find_config
 from tune.config._errors import TuneError
+from tune.config._imports import import_modules
 from tune.config._load import load_config
 
 _EPILOG = """\
@@ -35,9 +36,11 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
         if __name__ == "__main__":
             sys.exit(recipe_main())
 
-    ``--config`` takes a file or the name of a shipped config. A :class:`~tune.config.TuneError` (a bad
-    config, override or name), from loading or from inside ``recipe_main``, is printed as one
-    ``error:`` line and exits with status 1 (``TUNE_DEBUG=1`` raises it with its traceback instead).
+    ``--config`` takes a file or the name of a shipped config. The modules the config lists under ``imports:``
+    are imported before ``recipe_main`` runs (see :func:`~tune.config.import_modules`). A
+    :class:`~tune.config.TuneError` (a bad config, override or name, or a module of ``imports:`` that cannot be
+    imported), from loading or from inside ``recipe_main``, is printed as one ``error:`` line and exits with
+    status 1 (``TUNE_DEBUG=1`` raises it with its traceback instead).
 
     Args:
         recipe_main (Callable[[DictConfig], Any]): the function taking the loaded config.
@@ -52,6 +55,7 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
         args = _parser(prog, recipe_main).parse_intermixed_args(sys.argv[1:] if argv is None else list(argv))
         try:
             cfg = load_config(find_config(args.config), args.overrides)
+            import_modules(cfg)  # `imports:` register user components before the recipe builds anything
             return recipe_main(cfg)
         except TuneError as err:
             if os.environ.get("TUNE_DEBUG") == "1":

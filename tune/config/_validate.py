@@ -10,6 +10,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tune import plugins
 from tune.config._errors import ConfigError, ConfigProblem
+from tune.config._imports import import_modules
 from tune.config._instantiate import import_component
 from tune.config._load import COMPONENT_KEY, apply_overrides, read_yaml
 from tune.config._recipe_scan import KeyPath, RecipeScan, RuntimeArgs, scan_recipe
@@ -25,14 +26,15 @@ def validate_config(
     recipe: str | Path | None = None,
     overrides: Sequence[str] = (),
 ) -> list[ConfigProblem]:
-    """Checks a config without running anything or building a model, and returns every problem found.
+    """Checks a config without running the recipe or building a model, and returns every problem found.
 
-    Checked: YAML syntax (with line numbers), the overrides, ``${...}`` interpolations, ``???`` values left
-    unset, every ``_component_`` in the tree (nested and in lists) is importable, the arguments of each
-    component against its signature (unknown ones, missing required ones, ones the recipe already passes), and
-    string values that name a ``tune.*`` object. With a recipe, also the keys it reads that the config lacks,
-    and the arguments it adds at run time (``instantiate(cfg.optimizer, model.parameters())``) are taken into
-    account.
+    The modules listed under ``imports:`` are imported first (that runs their code, which registers components)
+    and any that cannot be imported is reported. Checked: YAML syntax (with line numbers), the overrides,
+    ``${...}`` interpolations, ``???`` values left unset, every ``_component_`` in the tree (nested and in lists)
+    is importable, the arguments of each component against its signature (unknown ones, missing required ones,
+    ones the recipe already passes), and string values that name a ``tune.*`` object. With a recipe, also the
+    keys it reads that the config lacks, and the arguments it adds at run time
+    (``instantiate(cfg.optimizer, model.parameters())``) are taken into account.
 
     Args:
         config (str | Path | DictConfig): a YAML file or a loaded config.
@@ -50,6 +52,10 @@ def validate_config(
     problems: list[ConfigProblem] = []
     try:
         apply_overrides(cfg, overrides)
+    except ConfigError as err:
+        problems += err.problems
+    try:  # first: the modules may register what the rest of the config names (a model family, a plugin name)
+        import_modules(cfg)
     except ConfigError as err:
         problems += err.problems
     scan = None

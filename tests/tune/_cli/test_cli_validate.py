@@ -82,3 +82,67 @@ def test_show_sample_prints_the_sample_with_trained_spans(tune, monkeypatch):
 def test_a_path_into_the_shipped_configs_is_checked_against_its_recipe(tune, shipped):
     code, out, _ = tune("validate", str(shipped / "configs" / "toy" / "tiny_echo.yaml"))
     assert code == 0 and out.endswith("is valid for recipe echo_single_device\n")
+
+
+def test_overrides_may_come_before_or_after_the_options(tune, shipped):
+    # argparse alone takes every positional from the first run of them: `key=value` after `--recipe R` used to be
+    # an unrecognized argument
+    for args in (
+        ("toy/tiny_echo", "--recipe", "echo_single_device", "~message"),
+        ("--recipe", "echo_single_device", "toy/tiny_echo", "~message"),
+        ("toy/tiny_echo", "scaler.offset=1", "--recipe", "echo_single_device", "~message"),
+    ):
+        code, out, err = tune("validate", *args)
+        assert code == 1 and "message: missing: the recipe reads it" in out, (args, out, err)
+    assert tune("validate", "toy/tiny_echo", "--recipe", "echo_single_device", "message=hi")[0] == 0
+    code, _, err = tune("validate")
+    assert code == 2 and "the following arguments are required: CONFIG\n" in err
+
+
+def test_converter_order_and_schedule_patterns_are_checked_against_the_model(tune, tmp_path):
+    config = tmp_path / "my.yaml"
+    config.write_text(
+        textwrap.dedent("""\
+        model:
+          _component_: torch.nn.Linear
+          in_features: 4
+          out_features: 2
+        model_converters:
+          - _component_: tune.training.QATConverter
+          - _component_: tune.training.Float8TrainingConverter
+        finetuning_schedule:
+          - params: [bias]
+            transition: {after_steps: 1}
+          - params: [wieght]
+    """)
+    )
+    code, out, _ = tune("validate", str(config))
+    assert code == 1
+    # the model is built on the meta device for its parameter names (weight, bias); float8 is not refused for
+    # want of a GPU: only the classes are checked
+    assert out.splitlines() == [
+        f"{config}: 2 problems:",
+        "  - model_converters: invalid model_converters order:",
+        "      model_converters[0] (Int8DynActInt4WeightQATConverter, kind 'qat') and model_converters[1] "
+        "(Float8TrainingConverter, kind 'float8') cannot be combined (both replace the same layers): keep one of "
+        "them in `model_converters:`.",
+        "  - finetuning_schedule: invalid finetuning_schedule:",
+        "      finetuning_schedule[1].params: 'wieght' matches no parameter; close names: weight",
+        "      (patterns are globs over parameter names such as 'layers.3.*' or 'output', or 're:' followed by a "
+        "regular expression)",
+    ]
+    code, out, _ = tune("validate", str(config), "~model_converters", "finetuning_schedule[1].params=[weight]")
+    assert (code, out) == (0, f"OK: {config} is valid\n")
+    bad_transition = "finetuning_schedule[0].transition={after_step: 1}"
+    code, out, _ = tune("validate", str(config), "~model_converters", bad_transition)
+    assert code == 1 and "unknown transition 'after_step' (did you mean 'after_steps'?)" in out
+
+
+def test_a_model_that_cannot_be_built_on_meta_leaves_the_patterns_unchecked_with_a_note(tune, tmp_path):
+    config = tmp_path / "my.yaml"
+    config.write_text("model:\n  _component_: torch.nn.Linear\n  in_features: -1\n  out_features: 2\n"
+                      "finetuning_schedule: [{params: [nothing_like_it]}]\n")
+    code, out, err = tune("validate", str(config))
+    assert (code, out) == (0, f"OK: {config} is valid\n")
+    assert "note: finetuning_schedule patterns were not checked against the model" in err
+    assert "the phases' syntax was checked" in err
