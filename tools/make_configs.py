@@ -5,6 +5,9 @@ tests/test_configs.py check every one). This script exists so that adding a mode
 default across families is one edit and one run:
 
     python tools/make_configs.py            # rewrite configs/<family>/*.yaml
+
+Single-device configs (``<size>_<method>_single_device.yaml``) come from ``SIZES``; the multi-GPU ones
+(``<size>_full.yaml``, ``<size>_lora.yaml``, for the distributed recipes) from ``DIST_SIZES``.
 """
 
 from dataclasses import dataclass, field
@@ -178,6 +181,124 @@ def render(s: Size, method: str) -> str:
     return out
 
 
+# ---------------------------------------------------------------------------------------------- distributed
+# Multi-GPU configs (<family>/<size>_full.yaml, <size>_lora.yaml) for the sizes of 8B and up, run by
+# full_finetune_distributed.py and lora_finetune_distributed.py with torchrun.
+
+DIST_SIZES = [
+    ("llama2", "13B"), ("llama2", "70B"),
+    ("llama3", "8B"), ("llama3", "70B"),
+    ("llama3_1", "8B"), ("llama3_1", "70B"),
+    ("llama3_3", "70B"),
+    ("qwen2_5", "14B"), ("qwen2_5", "32B"), ("qwen2_5", "72B"),
+    ("qwen3", "8B"), ("qwen3", "14B"), ("qwen3", "32B"),
+    ("gemma2", "9B"), ("gemma2", "27B"),
+]
+DIST_METHODS = ("full", "lora")
+DIST_RECIPE = {"full": "full_finetune_distributed", "lora": "lora_finetune_distributed"}
+# families whose registry entry has a tensor-parallel plan (tune/models/_parallel.py)
+TP_FAMILIES = {"llama2", "llama3", "llama3_1", "llama3_2", "llama3_3", "mistral", "qwen2_5", "qwen3"}
+NUM_GPUS = 8
+
+
+def _size_in_billions(s: Size) -> float:
+    return float(s.size.rstrip("B"))
+
+
+def _dist_header(s: Size, method: str) -> str:
+    what = {"full": "Full fine-tuning", "lora": "LoRA fine-tuning"}[method]
+    ignore = f" --ignore-patterns \"{s.extra_ignore}\"" if s.extra_ignore else ""
+    name = f"{s.family}/{s.size}_{method}"
+    recipe = DIST_RECIPE[method]
+    return (
+        f"# {what} of {s.repo} on {NUM_GPUS} GPUs (FSDP2), with {recipe}.py.\n"
+        "#\n"
+        "# Download the model first:\n"
+        f"#   tune download {s.repo} --output-dir {_dl_dir(s.repo)}{ignore}\n"
+        "#\n"
+        "# Then run, on one node:\n"
+        f"#   tune run --nproc_per_node {NUM_GPUS} {recipe} --config {name}\n"
+        "# or on several (docs/distributed.md; docs/slurm_multinode.sbatch for SLURM):\n"
+        f"#   tune run --nnodes 2 --nproc_per_node {NUM_GPUS} --rdzv_backend c10d --rdzv_endpoint HOST:29500 \\\n"
+        f"#       {recipe} --config {name}\n"
+        "#\n"
+        "# batch_size is per GPU. Any key can be overridden on the command line, e.g. batch_size=4.\n\n"
+    )
+
+
+def _parallelism(s: Size, method: str) -> str:
+    # 70B+ full fine-tuning needs ~16 bytes per parameter (bf16 weights and gradients, fp32-sized AdamW
+    # states): more than 8 x 80 GB holds next to activations, so the shards live in CPU memory
+    offload = method == "full" and _size_in_billions(s) >= 70
+    if s.family in TP_FAMILIES and method == "full":
+        tp = "tensor_parallel_dim: 1  # >1 splits every layer over this many GPUs of a node; must divide the GPU count\n"
+    else:
+        tp = "tensor_parallel_dim: 1  # tensor parallelism: full fine-tuning of the llama and qwen families only\n"
+    return (
+        tp
+        + f"fsdp_cpu_offload: {offload}  # True: keep sharded weights, gradients and optimizer states in CPU memory\n"
+        "fsdp_reshard_after_forward: True  # False: keep each layer gathered until backward (faster, more memory)\n"
+        "dist_backend: null  # null: nccl on GPU (gloo for CPU-side state), gloo on CPU\n"
+    )
+
+
+def render_distributed(s: Size, method: str) -> str:
+    full = method == "full"
+    out = _dist_header(s, method)
+    out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{method}\n\n"
+    out += _model(s, method) + "\n"
+    out += (
+        "tokenizer:\n"
+        f"  _component_: tune.models.{s.tokenizer}\n"
+        f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
+        "  max_seq_len: 2048\n\n"
+    )
+    out += _checkpointer(s, method)
+    if not full:
+        out += "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
+    out += (
+        "save_every_n_steps: null  # null: save at the end of each epoch only\n"
+        "keep_last_n_checkpoints: null\n\n"
+        "dataset:\n"
+        "  _component_: tune.datasets.alpaca_cleaned_dataset\n"
+        "  packed: False  # True packs samples into max_seq_len sequences: faster, same loss\n"
+        "seed: null  # null: drawn on rank 0 and shared with every rank\n"
+        "shuffle: True\n"
+        "batch_size: 2  # per GPU: the global batch is batch_size x GPUs / tensor_parallel_dim x accumulation\n\n"
+        "optimizer:\n"
+        "  _component_: torch.optim.AdamW\n"
+        "  fused: True\n"
+        f"  weight_decay: {'0.0' if full else '0.01'}\n"
+        f"  lr: {'2e-5' if full else '3e-4'}\n"
+        "lr_scheduler:\n"
+        "  _component_: tune.training.lr_schedulers.get_cosine_schedule_with_warmup\n"
+        "  num_warmup_steps: 100\n"
+        "loss:\n"
+        "  _component_: tune.modules.loss.LinearCrossEntropyLoss\n\n"
+        "epochs: 1\n"
+        "max_steps_per_epoch: null\n"
+        "gradient_accumulation_steps: 1\n"
+        "clip_grad_norm: null\n"
+        "compile: False  # torch.compile each layer and the loss: faster steps after a slower first one\n\n"
+    )
+    out += _parallelism(s, method) + "\n"
+    out += (
+        "metric_logger:\n"
+        "  _component_: tune.training.metric_logging.DiskLogger\n"
+        "  log_dir: ${output_dir}/logs\n"
+        "log_every_n_steps: 1\n"
+        "log_peak_memory_stats: True\n\n"
+        "device: cuda\n"
+        "dtype: bf16\n\n"
+        "enable_activation_checkpointing: True\n"
+        "enable_activation_offloading: False\n\n"
+        "profiler:\n"
+        "  _component_: tune.training.setup_torch_profiler\n"
+        "  enabled: False\n"
+    )
+    return out
+
+
 def main() -> None:
     written = 0
     for s in SIZES:
@@ -185,6 +306,12 @@ def main() -> None:
             path = ROOT / "configs" / s.family / f"{s.size}_{method}_single_device.yaml"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(render(s, method))
+            written += 1
+    by_name = {(s.family, s.size): s for s in SIZES}
+    for family, size in DIST_SIZES:
+        for method in DIST_METHODS:
+            path = ROOT / "configs" / family / f"{size}_{method}.yaml"
+            path.write_text(render_distributed(by_name[family, size], method))
             written += 1
     print(f"wrote {written} configs")
 

@@ -18,10 +18,12 @@ from tune.training._compile import compile_loss, compile_model
 from tune.training._distributed import (
     all_reduce_sum,
     gather_cpu_state_dict,
+    init_adapters,
     init_distributed,
     is_distributed,
     load_from_full_model_state_dict,
     shard_model,
+    sync_seed,
 )
 from tune.training._finetuning_schedule import FinetuningSchedule, auto_finetuning_phases
 from tune.training._grad import NonFiniteLossError, check_loss_is_finite, clip_grad_norm
@@ -36,6 +38,12 @@ from tune.training._model_converters import (
     apply_model_converters,
     register_post_optimizer_hooks,
     validate_converter_order,
+)
+from tune.training._parallel import (
+    apply_tensor_parallel,
+    data_parallel_rank_and_size,
+    init_device_mesh,
+    tensor_parallel_size,
 )
 from tune.training._precision import get_dtype, set_default_dtype, validate_expected_param_dtype
 from tune.training._profiler import DummyProfiler, setup_torch_profiler
@@ -76,12 +84,14 @@ __all__ = [
     "all_reduce_sum",
     "apply_activation_checkpointing",
     "apply_model_converters",
+    "apply_tensor_parallel",
     "auto_finetuning_phases",
     "check_loss_is_finite",
     "clip_grad_norm",
     "compile_loss",
     "compile_model",
     "count_tokens",
+    "data_parallel_rank_and_size",
     "gather_cpu_state_dict",
     "get_constant_schedule_with_warmup",
     "get_cosine_schedule_with_warmup",
@@ -90,6 +100,8 @@ __all__ = [
     "get_lr",
     "get_memory_stats",
     "get_progress_bar",
+    "init_adapters",
+    "init_device_mesh",
     "init_distributed",
     "is_distributed",
     "load_from_full_model_state_dict",
@@ -103,6 +115,8 @@ __all__ = [
     "shard_model",
     "shift_labels",
     "step_loss_scale",
+    "sync_seed",
+    "tensor_parallel_size",
     "validate_converter_order",
     "validate_expected_param_dtype",
 ]

@@ -6,6 +6,7 @@ checkpoint straight into the shards, and gather full weights back for saving.
 """
 
 import os
+import random
 import socket
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tune.modules.peft import dequantize, is_nf4_tensor, to_nf4
+from tune.modules.peft import DoRALinear, LoRALinear, dequantize, is_nf4_tensor, to_nf4
 from tune.utils import get_logger, get_rank
 
 log = get_logger(__name__)
@@ -95,6 +96,60 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     total = tensor.clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return total
+
+
+def sync_seed(seed: int | None) -> int | None:
+    """The seed every rank must use: ``seed`` itself, or, for ``None``, one drawn on rank 0 and broadcast.
+
+    Ranks must agree on the seed: it orders the data sampler's shards (different seeds would give ranks
+    overlapping samples) and initialises LoRA adapters, which must start equal on every rank. A collective
+    when ``seed`` is None and a process group with several ranks is initialised.
+
+    Args:
+        seed (int | None): the configured seed.
+
+    Returns:
+        int | None: the seed to pass to :func:`tune.training.set_seed` (``None`` only without a process group,
+        where ``set_seed`` draws one itself).
+    """
+    if seed is not None or not is_distributed() or dist.get_world_size() == 1:
+        return seed
+    drawn = [random.SystemRandom().randint(0, 2**32 - 1) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(drawn, src=0)
+    return drawn[0]
+
+
+def init_adapters(model: nn.Module, device: torch.device | str) -> int:
+    """Creates and initialises the LoRA/DoRA adapters of a model built on the meta device, leaving the base
+    weights on meta for :func:`load_from_full_model_state_dict`.
+
+    Adapters are not in the base checkpoint, so each rank initialises them itself before :func:`shard_model`:
+    with the same seed on every rank (:func:`sync_seed`, then ``set_seed``) and the same module order, every
+    rank draws the same values and FSDP keeps each rank's shard of one consistent tensor. ``lora_a`` gets
+    Kaiming-uniform and ``lora_b`` zeros (``initialize_parameters``); a DoRA ``magnitude`` is allocated but
+    depends on the base weight, so call ``initialize_dora_magnitude()`` once the weights are loaded.
+
+    Args:
+        model (nn.Module): the model on the meta device.
+        device (torch.device | str): where the adapters are created (the device that shards live on).
+
+    Returns:
+        int: the number of adapter layers initialised.
+    """
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, (LoRALinear, DoRALinear)):
+            continue
+        for name in module.adapter_params():  # "lora_a.weight", "lora_b.weight" (and "magnitude")
+            owner_name, _, param_name = name.rpartition(".")
+            owner = module.get_submodule(owner_name) if owner_name else module
+            param = getattr(owner, param_name)
+            if param.is_meta:
+                fresh = torch.empty_like(param, device=device)
+                setattr(owner, param_name, nn.Parameter(fresh, requires_grad=param.requires_grad))
+        module.initialize_parameters()
+        count += 1
+    return count
 
 
 def _is_layer(name: str, module: nn.Module) -> bool:
@@ -194,10 +249,11 @@ def load_from_full_model_state_dict(
     Args:
         model (nn.Module): the sharded model (its parameters are DTensors).
         full_state_dict (Mapping[str, torch.Tensor]): full tensors keyed like ``model.state_dict()``.
-        device (torch.device | str | None): where shards live; default: the device of the current process
-            (``cuda:LOCAL_RANK`` under NCCL, else CPU).
+        device (torch.device | str | None): the compute device, where shards and buffers live; default: the device
+            of the current process (``cuda:LOCAL_RANK`` under NCCL, else CPU).
         strict (bool): require the keys to match exactly.
-        cpu_offload (bool): the model was sharded with ``cpu_offload=True``: shards stay on CPU.
+        cpu_offload (bool): the model was sharded with ``cpu_offload=True``: shards stay in CPU memory (buffers,
+            which FSDP does not move, still go to ``device``).
 
     Raises:
         ValueError: for missing or unexpected keys (when ``strict``), a shape mismatch, or parameters left on
@@ -205,10 +261,8 @@ def load_from_full_model_state_dict(
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    if cpu_offload:
-        device = torch.device("cpu")
-    else:
-        device = torch.device(device) if device is not None else _default_device()
+    compute_device = torch.device(device) if device is not None else _default_device()
+    shard_device = torch.device("cpu") if cpu_offload else compute_device
     current = model.state_dict()
     _check_keys(current.keys(), full_state_dict.keys(), strict)
     sharded: dict[str, torch.Tensor] = {}
@@ -219,20 +273,26 @@ def load_from_full_model_state_dict(
         full = full_state_dict[key]
         if tuple(full.shape) != tuple(target.shape):
             raise ValueError(f"{key}: checkpoint shape {tuple(full.shape)} but model expects {tuple(target.shape)}.")
-        full = full.to(device=device, dtype=target.dtype)
+        # FSDP moves offloaded shards to the GPU for compute itself; anything it does not manage (buffers) must be
+        # on the compute device already
+        full = full.to(device=shard_device if isinstance(target, DTensor) else compute_device, dtype=target.dtype)
         if isinstance(target, DTensor) and is_nf4_tensor(target.to_local()):
             quantized[key] = _shard_nf4(key, full, target)
         elif isinstance(target, DTensor):
             sharded[key] = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
         else:
             sharded[key] = full
+        if cpu_offload and isinstance(target, DTensor):
+            # a DTensor's shard lands on its mesh's device (the GPU); offloaded FSDP expects it in CPU memory
+            done = quantized if key in quantized else sharded
+            done[key] = done[key].cpu()
     # assign=True swaps in the new tensors, which is how meta parameters become real ones (keys checked above)
     model.load_state_dict(sharded, strict=False, assign=True)
     for key, value in quantized.items():
         # set directly: a QLoRA layer's load hook would quantise the (already quantised) shard again
         module_name, _, param_name = key.rpartition(".")
         setattr(model.get_submodule(module_name), param_name, nn.Parameter(value, requires_grad=False))
-    _materialise_meta_buffers(model, device)
+    _materialise_meta_buffers(model, compute_device)
     still_meta = [name for name, param in model.named_parameters() if param.is_meta]
     if still_meta:
         raise ValueError(
@@ -259,7 +319,16 @@ def _shard_nf4(key: str, full: torch.Tensor, target: Any) -> torch.Tensor:
             f"{key}: an NF4 (QLoRA) weight with {full.shape[0]} rows cannot be split evenly over {world_size} ranks. "
             "Use a number of ranks that divides the layer sizes, or train this model without quantize_base."
         )
-    local = to_nf4(full).chunk(world_size, dim=0)[rank]
+    quantized = to_nf4(full)
+    num_scale_groups = quantized.quantization_factor.numel()
+    if num_scale_groups % world_size:
+        # each rank must hold whole groups of double-quantised block scales (QLoRA's second quantisation)
+        raise ValueError(
+            f"{key}: its NF4 (QLoRA) weight {tuple(full.shape)} has {num_scale_groups} group(s) of block scales, "
+            f"which cannot be split evenly over {world_size} ranks. Use fewer ranks, a model whose layers have "
+            f"at least {world_size} x 16384 elements, or train this layer without quantize_base."
+        )
+    local = quantized.chunk(world_size, dim=0)[rank]
     return DTensor.from_local(
         local, mesh, target.placements, run_check=False, shape=target.shape, stride=target.stride()
     )
@@ -300,7 +369,9 @@ def _materialise_meta_buffers(model: nn.Module, device: torch.device) -> None:
         init()
 
 
-def gather_cpu_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+def gather_cpu_state_dict(
+    model: nn.Module, rank0_only: bool = True, key_filter: Callable[[str], bool] | None = None
+) -> dict[str, torch.Tensor]:
     """Full, unsharded copy of the model's state dict on CPU, for saving.
 
     A collective: every rank must call it. Parameters are gathered one at a time, so peak memory holds one full
@@ -311,6 +382,9 @@ def gather_cpu_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str
     Args:
         model (nn.Module): a model sharded with :func:`shard_model` (unsharded tensors are copied as they are).
         rank0_only (bool): only rank 0 keeps the result; other ranks get ``{}``.
+        key_filter (Callable[[str], bool] | None): gather only the entries whose key it accepts (e.g.
+            ``tune.modules.peft.is_adapter_key`` to save a LoRA adapter without gathering the base model);
+            ``None`` gathers everything. Every rank must pass the same filter.
 
     Returns:
         dict[str, torch.Tensor]: full CPU tensors keyed like ``model.state_dict()``.
@@ -320,6 +394,8 @@ def gather_cpu_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str
     keep = not rank0_only or get_rank() == 0
     gathered: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
+        if key_filter is not None and not key_filter(key):
+            continue
         if isinstance(value, DTensor):
             local = value.to_local()
             if is_nf4_tensor(local):  # QLoRA base weight: gather its dequantised shards

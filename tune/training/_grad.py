@@ -70,13 +70,35 @@ def clip_grad_norm(
     if max_norm is not None and max_norm <= 0:
         raise ValueError(f"clip_grad_norm must be positive or null; received {max_norm}.")
     params = list(parameters.parameters() if isinstance(parameters, nn.Module) else parameters)
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    groups = _group_by_mesh(params)
+    if not groups:
         return torch.zeros(())
-    total = torch.nn.utils.get_total_norm(grads, norm_type=norm_type)
+    total = _total_norm(groups, norm_type)
     if max_norm is not None:
-        # clip with the norm as computed (a DTensor for sharded gradients) so it scales DTensor grads
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        # clip with the norm as computed (a DTensor for sharded gradients) so it scales DTensor grads; one call
+        # per mesh, as DTensor ops cannot mix meshes
+        for group in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
     if hasattr(total, "full_tensor"):
         total = total.full_tensor()
     return total
+
+
+def _group_by_mesh(params: list[torch.Tensor]) -> dict[object, list[torch.Tensor]]:
+    # With FSDP + tensor parallelism, gradients live on two meshes (dp_shard x tp for split layers, dp_shard for
+    # the rest); plain tensors share the key None.
+    groups: dict[object, list[torch.Tensor]] = {}
+    for param in params:
+        if param.grad is not None:
+            groups.setdefault(getattr(param.grad, "device_mesh", None), []).append(param)
+    return groups
+
+
+def _total_norm(groups: dict[object, list[torch.Tensor]], norm_type: float) -> torch.Tensor:
+    if len(groups) == 1:
+        (params,) = groups.values()
+        return torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=norm_type)
+    # DTensor cannot stack norms across meshes: each mesh's norm, then the norm of those (exact for any p-norm)
+    norms = [torch.nn.utils.get_total_norm([p.grad for p in ps], norm_type=norm_type) for ps in groups.values()]
+    norms = [norm.full_tensor() if hasattr(norm, "full_tensor") else norm for norm in norms]
+    return torch.nn.utils.get_total_norm(norms, norm_type=norm_type)

@@ -14,6 +14,7 @@ from tune.models.llama2._model_builders import (
     qlora_llama2_7b,
 )
 from tune.models.llama2._tokenizer import llama2_tokenizer
+from tune.models._parallel import base_llama_tp_plan
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
@@ -38,6 +39,7 @@ register_model_family(
         hf_model_types=("llama",),
         from_hf_config=llama_from_hf_config,
         aliases=(),
+        tp_plan=base_llama_tp_plan,
     )
 )
 

@@ -11,6 +11,7 @@ from tune.models.llama3._model_builders import (
     qlora_llama3_8b,
 )
 from tune.models.llama3._tokenizer import llama3_tokenizer, llama3_special_tokens
+from tune.models._parallel import base_llama_tp_plan
 from tune.registry import ModelFamily, register_model_family
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -35,10 +36,12 @@ register_model_family(
         hf_model_types=("llama",),
         from_hf_config=None,
         aliases=(),
+        tp_plan=base_llama_tp_plan,
     )
 )
 
 __all__ = [
+    "base_llama_tp_plan",
     "llama3",
     "llama3_70b",
     "llama3_8b",

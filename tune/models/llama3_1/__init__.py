@@ -14,6 +14,7 @@ from tune.models.llama3_1._model_builders import (
     qlora_llama3_1_8b,
 )
 from tune.models.llama3 import llama3_tokenizer
+from tune.models._parallel import base_llama_tp_plan
 from tune.registry import ModelFamily, register_model_family
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -41,6 +42,7 @@ register_model_family(
         hf_model_types=("llama",),
         from_hf_config=None,
         aliases=(),
+        tp_plan=base_llama_tp_plan,
     )
 )
 

@@ -11,6 +11,7 @@ from tune.models.llama3_2._model_builders import (
     qlora_llama3_2_3b,
 )
 from tune.models.llama3 import llama3_tokenizer
+from tune.models._parallel import base_llama_tp_plan
 from tune.registry import ModelFamily, register_model_family
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -35,6 +36,7 @@ register_model_family(
         hf_model_types=("llama",),
         from_hf_config=None,
         aliases=(),
+        tp_plan=base_llama_tp_plan,
     )
 )
 

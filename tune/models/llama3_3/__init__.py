@@ -3,6 +3,7 @@
 from tune.models.llama2 import llama_hf_to_tune, llama_tune_to_hf
 from tune.models.llama3_3._model_builders import llama3_3_70b, lora_llama3_3_70b, qlora_llama3_3_70b
 from tune.models.llama3 import llama3_tokenizer
+from tune.models._parallel import base_llama_tp_plan
 from tune.registry import ModelFamily, register_model_family
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -22,6 +23,7 @@ register_model_family(
         hf_model_types=("llama",),
         from_hf_config=None,
         aliases=(),
+        tp_plan=base_llama_tp_plan,
     )
 )
 

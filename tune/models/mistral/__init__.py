@@ -4,6 +4,7 @@ from tune.models.mistral._component_builders import lora_mistral, mistral
 from tune.models.mistral._convert_weights import mistral_from_hf_config, mistral_hf_to_tune, mistral_tune_to_hf
 from tune.models.mistral._model_builders import lora_mistral_7b, mistral_7b, qlora_mistral_7b
 from tune.models.mistral._tokenizer import mistral_tokenizer
+from tune.models._parallel import base_llama_tp_plan
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
@@ -22,6 +23,7 @@ register_model_family(
         hf_model_types=("mistral",),
         from_hf_config=mistral_from_hf_config,
         aliases=(),
+        tp_plan=base_llama_tp_plan,
     )
 )
 

@@ -41,6 +41,7 @@ from tune.models.qwen2_5._model_builders import (
     qwen2_5_7b_instruct,
 )
 from tune.models.qwen2_5._tokenizer import qwen2_5_tokenizer
+from tune.models._parallel import base_qwen_tp_plan
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
@@ -92,10 +93,12 @@ register_model_family(
         hf_model_types=("qwen2",),
         from_hf_config=qwen2_from_hf_config,
         aliases=("qwen2",),
+        tp_plan=base_qwen_tp_plan,
     )
 )
 
 __all__ = [
+    "base_qwen_tp_plan",
     "lora_qwen2",
     "lora_qwen2_5_0_5b",
     "lora_qwen2_5_14b_base",

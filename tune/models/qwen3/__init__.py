@@ -38,6 +38,7 @@ from tune.models.qwen3._model_builders import (
     qwen3_8b_instruct,
 )
 from tune.models.qwen3._tokenizer import qwen3_tokenizer
+from tune.models._parallel import base_qwen_tp_plan
 from tune.registry import ModelFamily, register_model_family
 
 register_model_family(
@@ -86,10 +87,12 @@ register_model_family(
         hf_model_types=("qwen3",),
         from_hf_config=qwen3_from_hf_config,
         aliases=(),
+        tp_plan=base_qwen_tp_plan,
     )
 )
 
 __all__ = [
+    "base_qwen_tp_plan",
     "lora_qwen3",
     "lora_qwen3_0_6b_base",
     "lora_qwen3_0_6b_instruct",
