@@ -20,7 +20,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tune import config, training, utils
-from tune.data import CROSS_ENTROPY_IGNORE_IDX, padded_collate_packed, padded_collate_sft
+from tune.data import (
+    CROSS_ENTROPY_IGNORE_IDX,
+    padded_collate_packed,
+    padded_collate_sft,
+    padding_free_collate,
+)
 from tune.modules import TransformerSelfAttentionLayer
 from tune.modules.loss import CEWithChunkedOutputLoss, LinearCrossEntropyLoss, shift_labels
 from tune.training.checkpointing import StatefulDistributedSampler, set_rng_state
@@ -318,6 +323,14 @@ class FullFinetuneRecipeSingleDevice:
             collate = partial(padded_collate_sft, padding_idx=pad_id, ignore_idx=CROSS_ENTROPY_IGNORE_IDX)
             if cfg_dataset.get("packed", False):
                 collate = padded_collate_packed
+            elif self._device.type == "cpu":
+                # on CPU the samples go end to end in one row: same loss and gradients, no compute on padding
+                collate = partial(
+                    padding_free_collate,
+                    padding_idx=pad_id,
+                    ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
+                    max_seq_len=getattr(self._model, "max_seq_len", None),
+                )
         elif isinstance(cfg_collate, str):  # a function named by its dotted path, as in torchtune configs
             collate = config.get_component_from_path(cfg_collate)
             params = inspect.signature(collate).parameters

@@ -48,7 +48,7 @@ def test_first_losses_match_plain_pytorch_loop(tiny_assets, tmp_path):
     saved = LlamaForCausalLM.from_pretrained(out / "step_3", dtype=torch.float32)
     ref_params = dict(ref_model.named_parameters())
     for name, param in saved.named_parameters():
-        torch.testing.assert_close(param, ref_params[name], atol=2e-5, rtol=0, msg=name)
+        torch.testing.assert_close(param, ref_params[name], atol=1e-4, rtol=0, msg=name)
     assert (out / "config.yaml").is_file() and (out / "step_3" / "config.yaml").is_file()
 
 

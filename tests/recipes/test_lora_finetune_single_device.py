@@ -70,7 +70,7 @@ def test_losses_and_adapter_match_peft_and_only_adapters_change(tiny_assets, tmp
     for key, value in reference.items():
         # PEFT's file keys drop the adapter name, and DoRA's magnitude is saved without ".weight"
         saved_key = key.replace(".default", "").replace("lora_magnitude_vector.weight", "lora_magnitude_vector")
-        torch.testing.assert_close(saved[saved_key], value, atol=2e-5, rtol=0, msg=key)
+        torch.testing.assert_close(saved[saved_key], value, atol=1e-4, rtol=0, msg=key)
 
     # only adapters learned: the merged model equals the reference merge, and unadapted weights equal the base
     merged = load_file(out / "step_3" / "model.safetensors")
@@ -78,7 +78,7 @@ def test_losses_and_adapter_match_peft_and_only_adapters_change(tiny_assets, tmp
     reference_merged = ref_model.merge_and_unload().state_dict()
     for key, value in base.items():
         if any(f".{name}." in key for name in HF_TARGETS):
-            torch.testing.assert_close(merged[key], reference_merged[key], atol=2e-5, rtol=0, msg=key)
+            torch.testing.assert_close(merged[key], reference_merged[key], atol=1e-4, rtol=0, msg=key)
         else:
             assert torch.equal(merged[key], value), key
 

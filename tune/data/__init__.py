@@ -10,6 +10,7 @@ from tune.data._collate import (
     padded_collate_generation,
     padded_collate_packed,
     padded_collate_sft,
+    padding_free_collate,
 )
 from tune.data._message_transforms import (
     AlpacaToMessages,
@@ -61,6 +62,7 @@ __all__ = [
     "padded_collate_generation",
     "padded_collate_packed",
     "padded_collate_sft",
+    "padding_free_collate",
     "render_sample",
     "ChatFormat",
     "ChatTokenizer",

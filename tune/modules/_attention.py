@@ -1,10 +1,43 @@
 """Multi-head attention with grouped key/value heads (MHA, GQA and MQA in one module)."""
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tune.modules._kv_cache import KVCache
+
+# A packed batch passes the same mask object to every layer: its document spans are found once and reused.
+_spans_cache: tuple[weakref.ref, int, list[int] | None] | None = None
+# Splitting attention into documents pays off only when documents are not tiny (one SDPA call per document).
+_MIN_MEAN_DOCUMENT_LEN = 16
+
+
+def _document_spans(mask: torch.Tensor) -> list[int] | None:
+    """Lengths of the documents that tile the flattened ``[b * s]`` positions, if ``mask`` is block-causal.
+
+    ``mask`` [b, s, s] is block-causal when every query attends exactly the keys from the start of its own
+    contiguous run (document) up to itself: what packing produces (padding being a last run). Then attention
+    within each document with ``is_causal=True`` computes the same thing as attention with the mask, while
+    skipping every block of the ``s x s`` scores that the mask zeroes. Returns None for any other mask, or when
+    the documents are too short on average for one attention call each to pay off.
+    """
+    global _spans_cache
+    if _spans_cache is not None and _spans_cache[0]() is mask and _spans_cache[1] == mask._version:
+        return _spans_cache[2]
+    batch_size, seq_len, _ = mask.shape
+    positions = torch.arange(seq_len, device=mask.device)
+    first_key = mask.to(torch.uint8).argmax(-1)  # [b, s] first key each query may attend
+    run_start = torch.where(first_key == positions, positions, 0).cummax(-1).values  # [b, s] start of its run
+    expected = (positions >= run_start[..., None]) & (positions <= positions[:, None])  # [b, s, s]
+    spans = None
+    if torch.equal(first_key, run_start) and torch.equal(mask, expected):
+        starts = (first_key == positions).flatten().nonzero().flatten().tolist() + [batch_size * seq_len]
+        if len(starts) - 1 <= batch_size * seq_len / _MIN_MEAN_DOCUMENT_LEN:
+            spans = [end - start for start, end in zip(starts, starts[1:])]
+    _spans_cache = (weakref.ref(mask), mask._version, spans)
+    return spans
 
 
 class MultiHeadAttention(nn.Module):
@@ -142,6 +175,10 @@ class MultiHeadAttention(nn.Module):
                 input_pos = torch.arange(offset, offset + seq_len, device=x.device).expand(batch_size, seq_len)
             q = self.pos_embeddings(q, input_pos=input_pos)
             k = self.pos_embeddings(k, input_pos=input_pos)
+        spans = self._document_spans(mask, x, offset)
+        if spans is not None:
+            out = self._attend_documents(q, k, v, spans)  # [b * s, num_heads, head_dim]
+            return self.output_proj(out.view(batch_size, seq_len, self.num_heads * self.head_dim))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, head_dim]
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(k, v)  # [b, num_kv_heads, s_kv, head_dim]
@@ -149,6 +186,39 @@ class MultiHeadAttention(nn.Module):
         out = self._attend(q, k, v, attn_mask)  # [b, num_heads, s, head_dim]
         out = out.transpose(1, 2).reshape(batch_size, seq_len, self.num_heads * self.head_dim)
         return self.output_proj(out)
+
+    def _document_spans(self, mask: torch.Tensor | None, x: torch.Tensor, offset: int) -> list[int] | None:
+        # Only on CPU, where reading the spans costs no host-device synchronisation, for plain attention without a
+        # cache; training on packed data is the case this serves.
+        if mask is None or x.device.type != "cpu" or self.kv_cache is not None or offset:
+            return None
+        if torch.compiler.is_compiling():
+            return None  # data-dependent document lengths would recompile the graph for every batch
+        if self.sliding_window is not None or self.softcapping is not None or not self.is_causal:
+            return None
+        if mask.dim() != 3 or mask.dtype != torch.bool or mask.shape[1] != mask.shape[2] or mask.shape[1] != x.shape[1]:
+            return None  # _build_mask reports malformed masks
+        return _document_spans(mask)
+
+    def _attend_documents(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: list[int]) -> torch.Tensor:
+        """Causal attention within each document of a packed batch; q/k/v [b, s, heads, head_dim]."""
+        dropout = self.attn_dropout if self.training else 0.0
+        # documents tile the flattened positions, so splitting [b * s, heads, head_dim] along dim 0 gives views,
+        # whose gradients backward reassembles with one concatenation
+        pieces = zip(*(t.flatten(0, 1).split(spans) for t in (q, k, v)))
+        outputs = [
+            F.scaled_dot_product_attention(
+                q_doc.transpose(0, 1)[None],  # [1, heads, doc_len, head_dim]
+                k_doc.transpose(0, 1)[None],
+                v_doc.transpose(0, 1)[None],
+                dropout_p=dropout,
+                is_causal=True,
+                scale=self.scale,
+                enable_gqa=self.num_kv_heads != self.num_heads,
+            )[0].transpose(0, 1)  # [doc_len, heads, head_dim]
+            for q_doc, k_doc, v_doc in pieces
+        ]
+        return torch.cat(outputs)
 
     def _build_mask(
         self, mask: torch.Tensor | None, seq_len: int, kv_len: int, offset: int, device: torch.device

@@ -11,11 +11,6 @@ import torch
 from torch import nn
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class RotaryPositionalEmbeddings(nn.Module):
     """Rotates query/key features by angles proportional to the token position.
 
@@ -76,7 +71,12 @@ class RotaryPositionalEmbeddings(nn.Module):
         else:
             cos, sin = self.cos_cache[input_pos][:, :, None], self.sin_cache[input_pos][:, :, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # [1 or b, s, 1, dim]
-        return x * cos + _rotate_half(x) * sin
+        # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2], exactly (only signs move): the sign goes onto
+        # the small table, and roll (a two-block copy whose backward is a roll) replaces slicing, negating and
+        # concatenating x, and the zero-filled slice gradients of that in backward
+        half = self.dim // 2
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        return x * cos + x.roll(half, dims=-1) * signed_sin
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, max_seq_len={self.max_seq_len}, base={self.base}"

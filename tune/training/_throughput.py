@@ -1,5 +1,6 @@
 """Token counting, throughput and the progress bar of the training loop."""
 
+import os
 import time
 
 import torch
@@ -72,10 +73,12 @@ def get_progress_bar(total: int, epoch: int, initial: int = 0, disable: bool | N
         total (int): optimizer steps in the epoch.
         epoch (int): zero-based epoch index, shown 1-based.
         initial (int): steps already done (when resuming mid-epoch).
-        disable (bool | None): hide the bar; default: hidden on ranks other than 0.
+        disable (bool | None): hide the bar; default: hidden on ranks other than 0 and when the environment
+            sets ``TQDM_DISABLE`` (tqdm's own switch) to a true value.
 
     Returns:
         tqdm: the bar.
     """
-    disable = get_rank() != 0 if disable is None else disable
+    if disable is None:
+        disable = get_rank() != 0 or os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true", "yes")
     return tqdm(total=total, initial=initial, desc=f"{epoch + 1}|{initial}", disable=disable, dynamic_ncols=True)

@@ -73,6 +73,54 @@ def test_padding_mask_and_positions_match_reference():
     assert torch.allclose(out[padding], expected[padding], atol=1e-5)
 
 
+def _packed(lengths_per_row):
+    """Block-causal mask and per-document positions of packed rows, e.g. [[16, 16], [20, 12]]."""
+    docs = torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in lengths_per_row])
+    seq_len = docs.shape[1]
+    mask = (docs[:, :, None] == docs[:, None, :]) & torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    positions = torch.stack([torch.cat([torch.arange(n) for n in r]) for r in lengths_per_row])
+    return mask, positions
+
+
+def test_packed_mask_attention_runs_document_by_document_and_matches_reference(monkeypatch):
+    from tune.modules import _attention as attention_module
+
+    # documents of 16+ tokens on average: the CPU path attends each document with is_causal (no dense mask)
+    mask, positions = _packed([[16, 12, 4], [32]])
+    assert attention_module._document_spans(mask) == [16, 12, 4, 32]
+    attn = _attention()
+    x = torch.randn(2, 32, EMBED, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    out = attn(x, mask=mask, input_pos=positions)
+    with torch.no_grad():
+        expected = _reference(attn, x, mask, positions)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    # gradients equal those of the dense-mask path (the split is turned off by asking for impossibly long documents)
+    grads = torch.autograd.grad(out.square().sum(), [x, attn.q_proj.weight])
+    monkeypatch.setattr(attention_module, "_MIN_MEAN_DOCUMENT_LEN", 10**9)
+    monkeypatch.setattr(attention_module, "_spans_cache", None)
+    assert attention_module._document_spans(mask) is None
+    dense = attn(x, mask=mask, input_pos=positions)
+    for got, want in zip(grads, torch.autograd.grad(dense.square().sum(), [x, attn.q_proj.weight])):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_document_spans_only_for_block_causal_masks():
+    from tune.modules import _attention as attention_module
+
+    mask, _ = _packed([[20, 12], [32]])
+    assert attention_module._document_spans(mask) == [20, 12, 32]
+    not_causal = mask.clone()
+    not_causal[0, 3, 5] = True  # a query that sees a later key
+    assert attention_module._document_spans(not_causal) is None
+    holes = mask.clone()
+    holes[1, 9, 4] = False  # a query that skips a key of its own document
+    assert attention_module._document_spans(holes) is None
+    # padding queries that attend only themselves are one-token documents: too many calls, so the dense path
+    padding = torch.ones(2, 32, dtype=torch.bool)
+    padding[0, 8:] = False
+    assert attention_module._document_spans(get_causal_mask_from_padding_mask(padding)) is None
+
+
 @pytest.mark.parametrize("softcapping", [None, 1.5])
 def test_sliding_window_and_softcapping_match_reference(softcapping):
     attn = _attention(sliding_window=3, softcapping=softcapping)

@@ -10,7 +10,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
+
+from tune.modules._tied_linear import TiedLinear
 
 _REDUCTIONS = ("sum", "mean")
 
@@ -57,14 +60,132 @@ def _chunk_ce_sum(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int)
     return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
 
 
+def _fused_chunk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int,
+    all_valid: bool,
+    grad_hidden: torch.Tensor | None,
+    grad_weight: torch.Tensor | None,
+    need_weight_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Loss sum of one chunk, writing d(loss)/d(hidden) into ``grad_hidden`` and adding d(loss)/d(weight).
+
+    hidden [n, d], weight [v, d], labels [n]. Returns the chunk's loss sum and the running weight gradient (the
+    first chunk allocates it with its own product, later chunks accumulate into it).
+    """
+    logits = torch.mm(hidden, weight.t())  # [n, v] in the model dtype, as the output layer computes it
+    log_probs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    del logits
+    if all_valid:  # ignored rows were dropped before the call: no masking passes
+        targets, valid = labels[:, None], None
+        loss = -log_probs.gather(1, targets).sum()
+    else:
+        valid = labels != ignore_index
+        targets = torch.where(valid, labels, 0)[:, None]  # ignored rows point at class 0, then get zeroed
+        loss = -(log_probs.gather(1, targets).squeeze(1) * valid).sum()
+    if grad_hidden is None and not need_weight_grad:
+        return loss, grad_weight
+    # d(sum of -log p_target)/d(logits) = softmax - one_hot(target), zero on ignored rows; built in place
+    grad_logits = log_probs.exp_()
+    minus_one = torch.full_like(targets, -1, dtype=grad_logits.dtype) if valid is None else -valid[:, None].to(
+        grad_logits.dtype
+    )
+    grad_logits.scatter_add_(1, targets, minus_one)
+    if valid is not None:
+        grad_logits.mul_(valid[:, None])
+    grad_logits = grad_logits.to(weight.dtype)
+    if grad_hidden is not None:
+        torch.mm(grad_logits, weight, out=grad_hidden)
+    if need_weight_grad:
+        if grad_weight is None:
+            grad_weight = torch.mm(grad_logits.t(), hidden)
+        else:
+            grad_weight.addmm_(grad_logits.t(), hidden)
+    return loss, grad_weight
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of ``hidden @ weight.T`` whose gradients are computed during the forward pass.
+
+    Each chunk's logits exist only while that chunk is processed: the forward pass turns them into the softmax
+    gradient right away and multiplies it into the gradients of ``hidden`` and ``weight``, which are kept for
+    backward (the memory autograd would hold for them anyway). Backward only scales those by the incoming
+    gradient, so nothing is recomputed: one output-projection matmul fewer per chunk than checkpointing, and no
+    ``[tokens, vocab]`` buffers besides the chunk's own. Single use: a second backward through the same graph
+    raises an error instead of returning rescaled gradients.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, ignore_index, num_chunks, all_valid):  # noqa: D102 (class docstring)
+        need_hidden_grad, need_weight_grad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
+        grad_chunks = grad_hidden.tensor_split(num_chunks) if need_hidden_grad else [None] * num_chunks
+        grad_weight = None
+        total = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
+        chunks = zip(hidden.tensor_split(num_chunks), labels.tensor_split(num_chunks), grad_chunks)
+        for hidden_chunk, label_chunk, grad_chunk in chunks:
+            if hidden_chunk.shape[0] == 0:
+                continue
+            loss, grad_weight = _fused_chunk(
+                hidden_chunk, weight, label_chunk, ignore_index, all_valid, grad_chunk, grad_weight, need_weight_grad
+            )
+            total += loss
+        if need_weight_grad and grad_weight is None:  # no tokens at all: a zero gradient
+            grad_weight = torch.zeros_like(weight)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return total
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_total):  # noqa: D102
+        if getattr(ctx, "consumed", False):
+            raise RuntimeError(
+                "LinearCrossEntropyLoss computed its gradients once, in forward, and already handed them out: it "
+                "cannot be backpropagated through twice (retain_graph=True). Call the loss again for a second "
+                "backward."
+            )
+        ctx.consumed = True
+        grad_hidden, grad_weight = ctx.saved_tensors
+        # scaled in place: the buffers were made for this one backward
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden.mul_(grad_total.to(grad_hidden.dtype))
+        if grad_weight is not None:
+            grad_weight = grad_weight.mul_(grad_total.to(grad_weight.dtype))
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def _plain_weight(projection) -> torch.Tensor | None:
+    """The weight of a projection that is exactly ``x @ weight.T``, or None when it computes anything else."""
+    if isinstance(projection, torch.Tensor):
+        weight = projection
+    elif type(projection) is nn.Linear and projection.bias is None:  # not subclasses: they may change forward
+        weight = projection.weight
+    elif type(projection) is TiedLinear and projection.softcapping is None:
+        weight = projection.weight
+    else:
+        return None
+    if isinstance(projection, nn.Module) and (projection._forward_hooks or projection._forward_pre_hooks):
+        return None  # hooks (FSDP unsharding, a user's hook) must see the module called
+    if type(weight) not in (torch.Tensor, nn.Parameter):  # DTensor, NF4 and other subclasses
+        return None
+    return weight
+
+
 class LinearCrossEntropyLoss(nn.Module):
     """Output projection fused with cross-entropy, one chunk of tokens at a time.
 
     The model runs with ``skip_output_layer=True`` and returns its final hidden states ``[b, s, d]``; this loss
     applies the output projection to one chunk of tokens, upcasts that chunk's logits to fp32, scores them and
-    drops them. Each chunk runs under non-reentrant activation checkpointing, so backward recomputes the chunk's
-    logits instead of keeping them: at no point do full ``[tokens, vocab]`` logits exist, in any dtype. The price
-    is one extra output matmul per chunk in backward.
+    drops them: at no point do full ``[tokens, vocab]`` logits exist, in any dtype.
+
+    When the projection is a plain weight (``nn.Linear`` without bias, an untied or tied embedding matrix without
+    soft-capping), the gradients of each chunk are computed right after its loss, in the forward pass, and
+    backward only scales them: no logits are recomputed. Any other projection (a LoRA output layer, a sharded
+    or quantised weight, a module with hooks, or a compiled chunk loss from ``tune.training.compile_loss``) runs
+    each chunk under non-reentrant activation checkpointing instead, so backward recomputes the chunk's logits
+    (one extra output matmul per chunk).
 
     Args:
         num_output_chunks (int): number of token chunks. More chunks, lower peak memory.
@@ -151,6 +272,14 @@ class LinearCrossEntropyLoss(nn.Module):
             # padding and prompt tokens never reach the vocab projection (boolean indexing syncs on accelerators)
             keep = flat_labels != self.ignore_index
             flat_hidden, flat_labels = flat_hidden[keep], flat_labels[keep]
+        source = self.linear_projection if output is None else output
+        weight = _plain_weight(source) if "_chunk_loss" not in self.__dict__ else None  # not when compiled
+        if weight is not None and torch.is_grad_enabled() and (flat_hidden.requires_grad or weight.requires_grad):
+            all_valid = self._should_mask(hidden.device)  # then the ignored rows are gone already
+            total = _FusedLinearCrossEntropy.apply(
+                flat_hidden, weight, flat_labels, self.ignore_index, self.num_output_chunks, all_valid
+            )
+            return _reduce(total, labels, self.ignore_index, self.reduction)
         # an empty sum keeps the result attached to the graph when every label is ignored: backward gives zeros
         total = flat_hidden[:0].sum().to(torch.promote_types(hidden.dtype, torch.float32))
         chunks = zip(flat_hidden.tensor_split(self.num_output_chunks), flat_labels.tensor_split(self.num_output_chunks))

@@ -188,10 +188,25 @@ class LoRALinear(nn.Module):
             torch.Tensor: ``[..., out_dim]``.
         """
         # F.linear dispatches to torchao's NF4 linear (dequantise on the fly) when the weight is NF4.
-        out = F.linear(x, self.weight, self.bias)
         if self.disabled:
-            return out
-        return out + self.lora_b(self.lora_a(self.dropout(x))) * self.scaling
+            return F.linear(x, self.weight, self.bias)
+        lora_b = self.lora_b
+        if (
+            type(lora_b) is not nn.Linear
+            or lora_b._forward_hooks
+            or lora_b._forward_pre_hooks
+            or type(lora_b.weight) not in (torch.Tensor, nn.Parameter)
+        ):
+            # a replaced, hooked or sharded (DTensor) adapter module must be called as a module
+            out = F.linear(x, self.weight, self.bias)
+            return out + self.lora_b(self.lora_a(self.dropout(x))) * self.scaling
+        flat_x = x.reshape(-1, self.in_dim)
+        out = F.linear(flat_x, self.weight, self.bias)  # [n, out_dim], a fresh tensor no backward needs
+        # the scaling goes on the rank-sized activations, and B's product accumulates into the base output in the
+        # same matmul: no [n, out_dim] temporaries for the update, its scaling or the sum
+        update = self.lora_a(self.dropout(flat_x)) * self.scaling  # [n, rank]
+        out.addmm_(update, self.lora_b.weight.t())
+        return out.view(*x.shape[:-1], self.out_dim)
 
 
 def _quantize_loaded_base_weight(

@@ -235,3 +235,67 @@ def test_linear_cross_entropy_on_a_tune_decoder_equals_cross_entropy_on_its_logi
     hidden = model(tokens)  # now [b, s, embed_dim]
     assert hidden.shape == (2, 12, 16)
     torch.testing.assert_close(loss_fn(hidden, labels), want, atol=1e-5, rtol=1e-5)
+
+
+class _LinearSubclass(nn.Linear):
+    """Not a plain nn.Linear: the loss must call it (checkpointed chunks) rather than read its weight."""
+
+
+@pytest.mark.parametrize("mask_ignored_tokens", [True, False])
+def test_fused_gradients_equal_the_checkpointed_path(mask_ignored_tokens):
+    # nn.Linear takes the fused path (gradients made in forward), the subclass the checkpointed one
+    hidden, weight, labels = _data(seq=40)
+    results = []
+    for cls in (nn.Linear, _LinearSubclass):
+        output = cls(weight.shape[1], weight.shape[0], bias=False)
+        with torch.no_grad():
+            output.weight.copy_(weight)
+        h = hidden.clone().requires_grad_(True)
+        loss = LinearCrossEntropyLoss(5, mask_ignored_tokens=mask_ignored_tokens)(h, labels, output=output)
+        (2.5 * loss).backward()  # a non-unit upstream gradient, as the recipes' loss scale gives
+        results.append((loss.detach(), h.grad, output.weight.grad))
+    for fused, checkpointed in zip(*results):
+        torch.testing.assert_close(fused, checkpointed, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_path_with_a_frozen_projection_gives_only_hidden_gradients():
+    hidden, weight, labels = _data()  # weight does not require grad, as a frozen output layer under LoRA
+    h, ref_h = hidden.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
+    LinearCrossEntropyLoss(3)(h, labels, output=weight).backward()
+    _reference(ref_h, weight, labels).backward()
+    assert weight.grad is None
+    torch.testing.assert_close(h.grad, ref_h.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_path_bfloat16_gradients_match_autograd_on_bfloat16_logits():
+    hidden, weight, labels = _data(dtype=torch.bfloat16)
+    got = _loss_and_grads(lambda h, w, y: LinearCrossEntropyLoss(4)(h, y, output=w), hidden, weight, labels)
+
+    def reference(h, w, y):  # bf16 logits upcast to fp32 for the softmax, as the chunked loss does
+        logits = (h @ w.T).float()
+        return F.cross_entropy(logits.reshape(-1, w.shape[0]), y.reshape(-1), reduction="sum")
+
+    want = _loss_and_grads(reference, hidden, weight, labels)
+    torch.testing.assert_close(got[0], want[0], atol=1e-3, rtol=1e-5)
+    for g, w in zip(got[1:], want[1:]):
+        assert g.dtype == torch.bfloat16
+        torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)
+
+
+def test_fused_path_refuses_a_second_backward():
+    hidden, weight, labels = _data()
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss = LinearCrossEntropyLoss(2)(h, labels, output=w)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="twice"):
+        loss.backward()
+
+
+def test_projection_with_forward_hook_is_called_as_a_module():
+    hidden, weight, labels = _data()
+    output = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    calls = []
+    output.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    h = hidden.clone().requires_grad_(True)
+    LinearCrossEntropyLoss(2)(h, labels, output=output).backward()
+    assert len(calls) >= 2  # the forward chunks (and their recomputation in backward)

@@ -61,6 +61,18 @@ def test_forward_formula_and_disabled():
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
+def test_hooked_or_replaced_adapter_module_is_called_as_a_module():
+    # the fast path reads lora_b.weight; a hook on lora_b (or a replaced lora_b) must see lora_b called instead
+    layer = _layer()
+    nn.init.normal_(layer.lora_b.weight)
+    x = torch.randn(2, 5, 64)
+    fast = layer(x)
+    seen = []
+    layer.lora_b.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    torch.testing.assert_close(layer(x), fast, rtol=0, atol=1e-6)
+    assert seen == [(2, 5, layer.out_dim)]
+
+
 def test_dropout_only_touches_the_adapter_input():
     layer = _layer(dropout=0.5).train()
     x = torch.randn(4, 64)
