@@ -331,6 +331,10 @@ class FullFinetuneRecipeSingleDevice:
                     ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
                     max_seq_len=getattr(self._model, "max_seq_len", None),
                 )
+                log.info(
+                    "CPU: each batch is one padding-free row (tune.data.padding_free_collate); "
+                    "collate_fn=tune.data.padded_collate_sft gives padded batches instead."
+                )
         elif isinstance(cfg_collate, str):  # a function named by its dotted path, as in torchtune configs
             collate = config.get_component_from_path(cfg_collate)
             params = inspect.signature(collate).parameters
