@@ -122,6 +122,26 @@ def _checkpointer(s: Size, method: str) -> str:
     )
 
 
+def _tokenizer_checkpointer_dataset(s: Size, method: str) -> str:
+    # the part every config shares, from the tokenizer to the dataset (which the caller's lines continue)
+    out = (
+        "tokenizer:\n"
+        f"  _component_: tune.models.{s.tokenizer}\n"
+        f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
+        "  max_seq_len: 2048\n\n"
+    )
+    out += _checkpointer(s, method)
+    if method != "full":
+        out += "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
+    return out + (
+        "save_every_n_steps: null  # null: save at the end of each epoch only\n"
+        "keep_last_n_checkpoints: null\n\n"
+        "dataset:\n"
+        "  _component_: tune.datasets.alpaca_cleaned_dataset\n"
+        "  packed: False  # True packs samples into max_seq_len sequences: faster, same loss\n"
+    )
+
+
 def render(s: Size, method: str) -> str:
     full = method == "full"
     lr = "2e-5" if full else "3e-4"
@@ -131,21 +151,8 @@ def render(s: Size, method: str) -> str:
     out = _header(s, method)
     out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{method}_single_device\n\n"
     out += _model(s, method) + "\n"
+    out += _tokenizer_checkpointer_dataset(s, method)
     out += (
-        "tokenizer:\n"
-        f"  _component_: tune.models.{s.tokenizer}\n"
-        f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
-        "  max_seq_len: 2048\n\n"
-    )
-    out += _checkpointer(s, method)
-    if not full:
-        out += "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
-    out += (
-        "save_every_n_steps: null  # null: save at the end of each epoch only\n"
-        "keep_last_n_checkpoints: null\n\n"
-        "dataset:\n"
-        "  _component_: tune.datasets.alpaca_cleaned_dataset\n"
-        "  packed: False  # True packs samples into max_seq_len sequences: faster, same loss\n"
         "seed: null\n"
         "shuffle: True\n"
         f"batch_size: {batch}\n\n"
@@ -247,21 +254,8 @@ def render_distributed(s: Size, method: str) -> str:
     out = _dist_header(s, method)
     out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{method}\n\n"
     out += _model(s, method) + "\n"
+    out += _tokenizer_checkpointer_dataset(s, method)
     out += (
-        "tokenizer:\n"
-        f"  _component_: tune.models.{s.tokenizer}\n"
-        f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
-        "  max_seq_len: 2048\n\n"
-    )
-    out += _checkpointer(s, method)
-    if not full:
-        out += "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
-    out += (
-        "save_every_n_steps: null  # null: save at the end of each epoch only\n"
-        "keep_last_n_checkpoints: null\n\n"
-        "dataset:\n"
-        "  _component_: tune.datasets.alpaca_cleaned_dataset\n"
-        "  packed: False  # True packs samples into max_seq_len sequences: faster, same loss\n"
         "seed: null  # null: drawn on rank 0 and shared with every rank\n"
         "shuffle: True\n"
         "batch_size: 2  # per GPU: the global batch is batch_size x GPUs / tensor_parallel_dim x accumulation\n\n"

@@ -231,16 +231,14 @@ def padding_free_collate(
     total = sum(lengths)
     if max_seq_len is not None and total > max_seq_len:
         return padded_collate_sft(batch, padding_idx=padding_idx, ignore_idx=ignore_idx)
+    seq_lens = torch.tensor(lengths)
     labels = torch.cat(labels)
-    starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
-    labels[starts[torch.tensor(lengths) > 0]] = ignore_idx  # the shift must not cross from one sample into the next
-    document = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # [T]
-    causal = torch.ones(total, total, dtype=torch.bool).tril_()
-    mask = (document[:, None] == document[None, :]) & causal  # [T, T]
-    input_pos = torch.arange(total) - starts.repeat_interleave(torch.tensor(lengths))
+    starts = seq_lens.cumsum(0) - seq_lens
+    labels[starts[seq_lens > 0]] = ignore_idx  # the shift must not cross from one sample into the next
+    input_pos = torch.arange(total) - starts.repeat_interleave(seq_lens)
     return {
         "tokens": torch.cat(tokens)[None],
         "labels": labels[None],
         "input_pos": input_pos[None],
-        "mask": mask[None],
+        "mask": block_causal_mask([seq_lens], total),  # [1, T, T], as for a pack of these samples
     }

@@ -205,7 +205,7 @@ class LoRALinear(nn.Module):
         # the scaling goes on the rank-sized activations, and B's product accumulates into the base output in the
         # same matmul: no [n, out_dim] temporaries for the update, its scaling or the sum
         update = self.lora_a(self.dropout(flat_x)) * self.scaling  # [n, rank]
-        out.addmm_(update, self.lora_b.weight.t())
+        out.addmm_(update, lora_b.weight.t())
         return out.view(*x.shape[:-1], self.out_dim)
 
 
