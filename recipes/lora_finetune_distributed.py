@@ -94,6 +94,8 @@ class LoRAFinetuneRecipeDistributed:
     def __init__(self, cfg: DictConfig) -> None:
         self._device = utils.get_device(cfg.device)
         self._dtype = utils.get_dtype(cfg.dtype, device=self._device)
+        if self._device.type == "cpu":
+            training.configure_cpu_allocator()  # freed activations stay in the heap for the next step
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
         self._save_adapter_weights_only = cfg.get("save_adapter_weights_only", False)

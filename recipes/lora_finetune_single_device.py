@@ -69,6 +69,8 @@ class LoRAFinetuneRecipeSingleDevice:
     def __init__(self, cfg: DictConfig) -> None:
         self._device = utils.get_device(cfg.device)
         self._dtype = utils.get_dtype(cfg.dtype, device=self._device)
+        if self._device.type == "cpu" and training.configure_cpu_allocator():
+            log.info("CPU: malloc keeps freed blocks for the next step (TUNE_CPU_ALLOCATOR=0 turns this off).")
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
         self._save_adapter_weights_only = cfg.get("save_adapter_weights_only", False)
@@ -373,20 +375,23 @@ class LoRAFinetuneRecipeSingleDevice:
         dataset = config.instantiate(cfg_dataset, self._tokenizer)
         if cfg_collate is None:
             pad_id = self._tokenizer.pad_id
-            collate = partial(padded_collate_sft, padding_idx=pad_id, ignore_idx=CROSS_ENTROPY_IGNORE_IDX)
-            if cfg_dataset.get("packed", False):
-                collate = padded_collate_packed
-            elif self._device.type == "cpu":
-                # on CPU the samples go end to end in one row: same loss and gradients, no compute on padding
+            packed = cfg_dataset.get("packed", False)
+            collate = padded_collate_packed
+            if not packed:
+                collate = partial(padded_collate_sft, padding_idx=pad_id, ignore_idx=CROSS_ENTROPY_IGNORE_IDX)
+            if self._device.type == "cpu":
+                # on CPU the samples (or the packs' documents) go end to end in one row: same loss and gradients,
+                # no compute on padding
                 collate = partial(
                     padding_free_collate,
                     padding_idx=pad_id,
                     ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
                     max_seq_len=getattr(self._model, "max_seq_len", None),
                 )
+                padded = "padded_collate_packed" if packed else "padded_collate_sft"
                 log.info(
                     "CPU: each batch is one padding-free row (tune.data.padding_free_collate); "
-                    "collate_fn=tune.data.padded_collate_sft gives padded batches instead."
+                    f"collate_fn=tune.data.{padded} gives padded batches instead."
                 )
         elif isinstance(cfg_collate, str):  # a function named by its dotted path, as in torchtune configs
             collate = config.get_component_from_path(cfg_collate)

@@ -210,3 +210,17 @@ def test_packed_bf16_user_optimizer_and_scheduler(tiny_assets, tmp_path):
     from safetensors.torch import load_file
 
     assert {t.dtype for t in load_file(out / "step_4" / "model.safetensors").values()} == {torch.float32}
+
+
+def test_packed_padding_free_rows_train_as_padded_packs(tiny_assets, tmp_path):
+    # on CPU the packs' documents go end to end in one row without the packs' padding: same losses and grad norms
+    runs = {}
+    for name, extra in [("free", []), ("padded", ["collate_fn=tune.data.padded_collate_packed"])]:
+        out = tmp_path / name
+        proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, "dataset.packed=True", *extra), cwd=tmp_path)
+        runs[name] = _train_log(out)
+        assert ("padding-free row" in proc.stderr) == (name == "free")
+        assert "collate_fn=tune.data.padded_collate_packed gives padded batches" in proc.stderr or name == "padded"
+    assert len(runs["free"]) == 3
+    for key in ("loss", "grad_norm"):
+        assert [r[key] for r in runs["free"]] == pytest.approx([r[key] for r in runs["padded"]], abs=1e-5, rel=1e-5)

@@ -193,32 +193,41 @@ def padded_collate_generation(batch: Sequence[dict[str, Any]], padding_idx: int 
 # of a sample predicts nothing, as it predicts padding in a padded batch. On CPU, ``MultiHeadAttention`` runs such
 # a block-causal mask one document at a time (``is_causal`` inside each), so attention costs what it costs in the
 # padded batch.
+#
+# Packs from ``PackedDataset`` are padded too, to ``max_seq_len`` after their last document (about 17% of the
+# positions for Alpaca-like data at 512). Their documents already carry their positions and their ignored first
+# labels; the row keeps every document that has a label to train on and drops the rest (the padding segment):
+# those add nothing to the loss, and under a block-causal mask no other document sees them.
 def padding_free_collate(
     batch: Sequence[dict[str, Any]],
     padding_idx: int = 0,
     ignore_idx: int = CROSS_ENTROPY_IGNORE_IDX,
     max_seq_len: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Collates SFT samples into one padding-free row (or a padded batch when that row would be too long).
+    """Collates SFT samples, or packs, into one padding-free row (or a padded batch when that row would be too long).
 
     Args:
         batch (Sequence[dict[str, Any]]): samples with ``tokens`` and ``labels`` of equal length (lists or
-            tensors; labels aligned with tokens, not shifted).
+            tensors; labels aligned with tokens, not shifted); or packs from :class:`~tune.data.PackedDataset`
+            (``tokens``, ``labels``, ``input_pos`` and ``seq_lens``).
         padding_idx (int): token id used only by the padded fallback. Default 0.
         ignore_idx (int): the label that contributes no loss. Default -100.
         max_seq_len (int | None): the longest row the model accepts (``model.max_seq_len``); a batch whose
-            samples add up to more is returned padded by ``tune.data.padded_collate_sft`` instead. None: no limit.
+            samples add up to more is returned padded by ``tune.data.padded_collate_sft`` (packs: by
+            ``tune.data.padded_collate_packed``) instead. None: no limit.
 
     Returns:
         dict[str, torch.Tensor]: ``tokens`` and ``labels`` int64 [1, T], ``input_pos`` int64 [1, T] (positions
         restarting at 0 for every sample) and ``mask`` bool [1, T, T] (block-causal), with T the total number of
-        tokens; or the padded fallback's ``tokens`` and ``labels`` [b, s].
+        tokens; or the padded fallback's batch.
 
     Raises:
         ValueError: for an empty batch or a sample whose tokens and labels differ in length.
     """
     if not batch:
         raise ValueError("padding_free_collate got an empty batch.")
+    if "seq_lens" in batch[0]:
+        return _padding_free_packs(batch, ignore_idx, max_seq_len)
     tokens = [torch.as_tensor(sample["tokens"], dtype=torch.long) for sample in batch]
     labels = [torch.as_tensor(sample["labels"], dtype=torch.long) for sample in batch]
     for i, (t, lab) in enumerate(zip(tokens, labels)):
@@ -241,4 +250,29 @@ def padding_free_collate(
         "labels": labels[None],
         "input_pos": input_pos[None],
         "mask": block_causal_mask([seq_lens], total),  # [1, T, T], as for a pack of these samples
+    }
+
+
+def _padding_free_packs(
+    batch: Sequence[dict[str, Any]], ignore_idx: int, max_seq_len: int | None
+) -> dict[str, torch.Tensor]:
+    seq_lens = torch.cat([_as_long(p["seq_lens"]) for p in batch])
+    labels = torch.cat([_as_long(p["labels"]) for p in batch])
+    if labels.numel() != int(seq_lens.sum()):
+        raise ValueError(
+            f"The packs hold {labels.numel()} labels but their seq_lens add up to {int(seq_lens.sum())}."
+        )
+    segment = torch.repeat_interleave(torch.arange(len(seq_lens)), seq_lens)
+    trained = torch.zeros(len(seq_lens), dtype=torch.long).index_add_(0, segment, (labels != ignore_idx).long())
+    keep_segment = trained > 0
+    keep = keep_segment[segment]
+    total = int(keep.sum())
+    if total == 0 or (max_seq_len is not None and total > max_seq_len):
+        return padded_collate_packed(batch)
+    kept_lens = seq_lens[keep_segment]
+    return {
+        "tokens": torch.cat([_as_long(p["tokens"]) for p in batch])[keep][None],
+        "labels": labels[keep][None],
+        "input_pos": torch.cat([_as_long(p["input_pos"]) for p in batch])[keep][None],
+        "mask": block_causal_mask([kept_lens], total),
     }

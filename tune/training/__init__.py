@@ -28,7 +28,12 @@ from tune.training._distributed import (
 from tune.training._finetuning_schedule import FinetuningSchedule, auto_finetuning_phases
 from tune.training._grad import NonFiniteLossError, check_loss_is_finite, clip_grad_norm
 from tune.training._loss_scaling import num_loss_tokens, scale_grads, step_loss_scale
-from tune.training._memory import OptimizerInBackward, get_memory_stats, reset_peak_memory_stats
+from tune.training._memory import (
+    OptimizerInBackward,
+    configure_cpu_allocator,
+    get_memory_stats,
+    reset_peak_memory_stats,
+)
 from tune.training._model_converters import (
     FakeQuantizedLoRALinear,
     Float8TrainingConverter,
@@ -90,6 +95,7 @@ __all__ = [
     "clip_grad_norm",
     "compile_loss",
     "compile_model",
+    "configure_cpu_allocator",
     "count_tokens",
     "data_parallel_rank_and_size",
     "gather_cpu_state_dict",

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tune.data import CROSS_ENTROPY_IGNORE_IDX, padded_collate_sft, padding_free_collate
+from tune.data import CROSS_ENTROPY_IGNORE_IDX, padded_collate_packed, padded_collate_sft, padding_free_collate
 from tune.modules.loss import shift_labels
 from tune.training import num_loss_tokens
 
@@ -26,7 +26,7 @@ def _model():
     from tune.models.llama3 import llama3
 
     torch.manual_seed(0)
-    return llama3(vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=128,
+    return llama3(vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=256,
                   intermediate_dim=64)
 
 
@@ -70,3 +70,38 @@ def test_padding_free_rejects_bad_samples():
         padding_free_collate([])
     with pytest.raises(ValueError, match="Sample 1"):
         padding_free_collate([{"tokens": [1, 2], "labels": [1, 2]}, {"tokens": [1, 2, 3], "labels": [1, 2]}])
+
+
+def _packs(lengths, max_seq_len):
+    from tune.data import PackedDataset
+
+    packed = PackedDataset(_samples(lengths, seed=1), max_seq_len=max_seq_len)
+    return [packed[i] for i in range(len(packed))]
+
+
+# documents of 20..35 tokens in packs of 64: each pack ends in 5..29 positions of padding
+def test_padding_free_packs_give_the_padded_packs_loss_and_gradients():
+    packs, model = _packs([20, 35, 17, 30, 25, 22], max_seq_len=64), _model()
+    assert len(packs) == 3 and all(int(p["seq_lens"][-1]) > 0 and p["labels"][-1] == -100 for p in packs)
+    padded = padded_collate_packed(packs)
+    flat = padding_free_collate(packs)
+    assert flat["tokens"].shape == (1, 149) and flat["mask"].shape == (1, 149, 149)  # 20 + 35 + ... + 22
+    assert flat["input_pos"][0].tolist() == [i for n in [20, 35, 17, 30, 25, 22] for i in range(n)]
+    assert num_loss_tokens(shift_labels(flat["labels"])) == num_loss_tokens(shift_labels(padded["labels"]))
+    want_loss, want_grads = _loss_and_grads(model, padded)
+    got_loss, got_grads = _loss_and_grads(model, flat)
+    torch.testing.assert_close(got_loss, want_loss, atol=1e-5, rtol=1e-5)
+    for got, want in zip(got_grads, want_grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_free_packs_fall_back_to_padded_packs():
+    packs = _packs([20, 35, 17, 30], max_seq_len=64)  # 102 real tokens in 2 packs of 64
+    assert padding_free_collate(packs, max_seq_len=102)["tokens"].shape == (1, 102)
+    out = padding_free_collate(packs, max_seq_len=101)
+    want = padded_collate_packed(packs)
+    assert out.keys() == want.keys() and all(torch.equal(out[k], want[k]) for k in want)
+    # a batch with nothing to train on stays as it is rather than becoming an empty row
+    for p in packs:
+        p["labels"][:] = CROSS_ENTROPY_IGNORE_IDX
+    assert padding_free_collate(packs)["tokens"].shape == (2, 64)

@@ -299,3 +299,20 @@ def test_projection_with_forward_hook_is_called_as_a_module():
     h = hidden.clone().requires_grad_(True)
     LinearCrossEntropyLoss(2)(h, labels, output=output).backward()
     assert len(calls) >= 2  # the forward chunks (and their recomputation in backward)
+
+
+def test_small_vocabularies_get_fewer_larger_chunks_with_the_same_loss():
+    loss_fn = LinearCrossEntropyLoss(num_output_chunks=8)  # min_chunk_mib=32: 1,048 rows of an 8,000-token vocab
+    assert loss_fn._num_chunks(1720, 8000) == 2
+    assert loss_fn._num_chunks(500, 8000) == 1
+    assert loss_fn._num_chunks(16384, 128256) == 8  # a large vocabulary keeps the chunks asked for
+    assert LinearCrossEntropyLoss(8, min_chunk_mib=0)._num_chunks(1720, 8000) == 8
+    hidden, weight, labels = _data(seq=300, vocab=30000)  # 313 labelled tokens, 279 rows a chunk
+    merged = _loss_and_grads(lambda h, w, y: loss_fn(h, y, output=w), hidden, weight, labels)
+    eight = _loss_and_grads(lambda h, w, y: LinearCrossEntropyLoss(8, min_chunk_mib=0)(h, y, output=w), hidden,
+                            weight, labels)
+    assert loss_fn._num_chunks(int((labels != IGNORE).sum()), 30000) == 2
+    for g, w in zip(merged, eight):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="min_chunk_mib"):
+        LinearCrossEntropyLoss(min_chunk_mib=-1)
