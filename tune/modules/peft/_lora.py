@@ -201,12 +201,71 @@ class LoRALinear(nn.Module):
             out = F.linear(x, self.weight, self.bias)
             return out + self.lora_b(self.lora_a(self.dropout(x))) * self.scaling
         flat_x = x.reshape(-1, self.in_dim)
+        lora_a = self.lora_a
+        if (
+            type(lora_a) is nn.Linear
+            and not (lora_a._forward_hooks or lora_a._forward_pre_hooks)
+            and type(lora_a.weight) in (torch.Tensor, nn.Parameter)
+            and type(self.weight) in (torch.Tensor, nn.Parameter)
+            and not self.weight.requires_grad
+            and not (self.bias is not None and self.bias.requires_grad)
+        ):
+            # frozen plain base: one autograd node with a hand-written backward (see _LoRALinearFunction)
+            dropped = self.dropout(flat_x)
+            out = _LoRALinearFunction.apply(
+                flat_x, dropped, self.weight, self.bias, lora_a.weight, lora_b.weight, self.scaling
+            )
+            return out.view(*x.shape[:-1], self.out_dim)
         out = F.linear(flat_x, self.weight, self.bias)  # [n, out_dim], a fresh tensor no backward needs
         # the scaling goes on the rank-sized activations, and B's product accumulates into the base output in the
         # same matmul: no [n, out_dim] temporaries for the update, its scaling or the sum
         update = self.lora_a(self.dropout(flat_x)) * self.scaling  # [n, rank]
         out.addmm_(update, lora_b.weight.t())
         return out.view(*x.shape[:-1], self.out_dim)
+
+
+class _LoRALinearFunction(torch.autograd.Function):
+    """``x W^T + b + scaling * (dropped A^T) B^T`` for a frozen base, with its backward written out.
+
+    Autograd's own backward for the same graph is correct but slow on CPU in two places: the gradient of ``B``
+    comes out of ``addmm_``'s backward as ``grad^T @ update``, a matmul on a transposed ``[out_dim, n]`` view that
+    MKL runs at a tenth of its rate (a 2048 x 1720 x 8 product: 8 ms, against 0.8 ms for ``(update^T @ grad)^T``);
+    and the input gradients of the base and the adapter paths are two tensors added afterwards. Here the input
+    gradient of the adapter path accumulates into the base's in one ``addmm_`` when ``dropped`` is ``x`` (no
+    dropout). Saved for backward: ``x`` (or ``dropped``) and the ``[n, rank]`` update, as autograd would.
+    """
+
+    @staticmethod
+    def forward(ctx, x, dropped, weight, bias, lora_a, lora_b, scaling):
+        # x, dropped: [n, in_dim]; weight: [out_dim, in_dim]; lora_a: [rank, in_dim]; lora_b: [out_dim, rank]
+        out = F.linear(x, weight, bias)  # [n, out_dim]
+        update = (dropped @ lora_a.t()).mul_(scaling)  # [n, rank], scaled on the small side
+        out.addmm_(update, lora_b.t())
+        ctx.same_input = dropped is x
+        ctx.scaling = scaling
+        ctx.save_for_backward(weight, lora_a, lora_b, dropped, update)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight, lora_a, lora_b, dropped, update = ctx.saved_tensors
+        needs_x, needs_dropped = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_x = grad_dropped = grad_a = grad_b = None
+        # d loss / d (dropped A^T), scaled: [n, rank]
+        grad_update = (grad @ lora_b).mul_(ctx.scaling)
+        if ctx.needs_input_grad[5]:
+            grad_b = (update.t() @ grad).t().contiguous()  # [out_dim, rank], computed the fast way round
+        if ctx.needs_input_grad[4]:
+            grad_a = grad_update.t() @ dropped  # [rank, in_dim]
+        if ctx.same_input:
+            if needs_x or needs_dropped:
+                grad_x = (grad @ weight).addmm_(grad_update, lora_a)  # both paths in one [n, in_dim] tensor
+        else:
+            if needs_x:
+                grad_x = grad @ weight
+            if needs_dropped:
+                grad_dropped = grad_update @ lora_a
+        return grad_x, grad_dropped, None, None, grad_a, grad_b, None
 
 
 def _quantize_loaded_base_weight(

@@ -88,6 +88,43 @@ def test_dropout_only_touches_the_adapter_input():
     torch.testing.assert_close(layer(x), F.linear(x, layer.merged_weight()), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_gradients_equal_autograd_of_the_formula(use_bias, dropout, input_grad):
+    # the frozen-base path has a hand-written backward; autograd through eq. (3) of the LoRA paper is the reference
+    layer = _layer(use_bias=use_bias, dropout=dropout).train()
+    nn.init.normal_(layer.lora_b.weight)
+    x = torch.randn(3, 7, 64, requires_grad=input_grad)
+    target = torch.randn(3, 7, 96)
+    torch.manual_seed(5)
+    ((layer(x) - target) ** 2).sum().backward()
+    got = [layer.lora_a.weight.grad, layer.lora_b.weight.grad, x.grad]
+    a, b = layer.lora_a.weight.detach().requires_grad_(), layer.lora_b.weight.detach().requires_grad_()
+    ref_x = x.detach().requires_grad_(input_grad)
+    torch.manual_seed(5)
+    kept = F.dropout(ref_x, p=dropout, training=True)
+    out = F.linear(ref_x, layer.weight, layer.bias) + (ALPHA / RANK) * (kept @ a.T @ b.T)
+    ((out - target) ** 2).sum().backward()
+    assert layer.weight.grad is None and (layer.bias is None or layer.bias.grad is None)
+    for g, want in zip(got, [a.grad, b.grad, ref_x.grad]):
+        if want is None:
+            assert g is None
+        else:
+            torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-4)
+
+
+def test_unfrozen_base_weight_gets_its_gradient():
+    # e.g. a gradual-unfreezing schedule turning the base weight trainable
+    layer = _layer(use_bias=True)
+    layer.weight.requires_grad_(True)
+    layer.bias.requires_grad_(True)
+    x = torch.randn(5, 64)
+    layer(x).sum().backward()
+    torch.testing.assert_close(layer.weight.grad, torch.ones(96, 1) * x.sum(0), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.bias.grad, torch.full((96,), 5.0))
+
+
 def test_merged_weight_reproduces_forward():
     layer = _layer(use_bias=True)
     nn.init.normal_(layer.lora_b.weight)
