@@ -91,9 +91,11 @@ def test_dropout_only_touches_the_adapter_input():
 @pytest.mark.parametrize("use_bias", [False, True])
 @pytest.mark.parametrize("dropout", [0.0, 0.5])
 @pytest.mark.parametrize("input_grad", [True, False])
-def test_gradients_equal_autograd_of_the_formula(use_bias, dropout, input_grad):
+@pytest.mark.parametrize("quantize_base", [False, True])
+def test_gradients_equal_autograd_of_the_formula(use_bias, dropout, input_grad, quantize_base):
     # the frozen-base path has a hand-written backward; autograd through eq. (3) of the LoRA paper is the reference
-    layer = _layer(use_bias=use_bias, dropout=dropout).train()
+    # (for an NF4 base, with its dequantised weight: what torchao's NF4 linear computes with)
+    layer = _layer(use_bias=use_bias, dropout=dropout, quantize_base=quantize_base).train()
     nn.init.normal_(layer.lora_b.weight)
     x = torch.randn(3, 7, 64, requires_grad=input_grad)
     target = torch.randn(3, 7, 96)
@@ -104,7 +106,7 @@ def test_gradients_equal_autograd_of_the_formula(use_bias, dropout, input_grad):
     ref_x = x.detach().requires_grad_(input_grad)
     torch.manual_seed(5)
     kept = F.dropout(ref_x, p=dropout, training=True)
-    out = F.linear(ref_x, layer.weight, layer.bias) + (ALPHA / RANK) * (kept @ a.T @ b.T)
+    out = F.linear(ref_x, dequantize(layer.weight), layer.bias) + (ALPHA / RANK) * (kept @ a.T @ b.T)
     ((out - target) ** 2).sum().backward()
     assert layer.weight.grad is None and (layer.bias is None or layer.bias.grad is None)
     for g, want in zip(got, [a.grad, b.grad, ref_x.grad]):
