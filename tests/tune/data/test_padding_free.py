@@ -39,14 +39,10 @@ def _loss_and_grads(model, batch):
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-# [5, 9, 3]: short samples, attention uses the dense block-causal mask; [20, 35, 17]: long enough on average for
-# MultiHeadAttention to attend one document at a time (is_causal per sample)
-@pytest.mark.parametrize("lengths", [[5, 9, 3], [20, 35, 17]])
-def test_padding_free_batch_gives_the_padded_batch_loss_and_gradients(lengths):
-    samples, model = _samples(lengths), _model()
-    padded = padded_collate_sft(samples)
-    flat = padding_free_collate(samples)
-    assert flat["tokens"].shape == (1, sum(lengths)) and flat["mask"].shape == (1, sum(lengths), sum(lengths))
+def _assert_same_training_signal(model, flat, padded, lengths):
+    """The padding-free row holds the documents end to end and gives the padded batch's loss and gradients."""
+    total = sum(lengths)
+    assert flat["tokens"].shape == (1, total) and flat["mask"].shape == (1, total, total)
     assert flat["input_pos"][0].tolist() == [i for n in lengths for i in range(n)]
     assert num_loss_tokens(shift_labels(flat["labels"])) == num_loss_tokens(shift_labels(padded["labels"]))
     want_loss, want_grads = _loss_and_grads(model, padded)
@@ -54,6 +50,16 @@ def test_padding_free_batch_gives_the_padded_batch_loss_and_gradients(lengths):
     torch.testing.assert_close(got_loss, want_loss, atol=1e-5, rtol=1e-5)
     for got, want in zip(got_grads, want_grads):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+# [5, 9, 3]: short samples, attention uses the dense block-causal mask; [20, 35, 17]: long enough on average for
+# MultiHeadAttention to attend one document at a time (is_causal per sample)
+@pytest.mark.parametrize("lengths", [[5, 9, 3], [20, 35, 17]])
+def test_padding_free_batch_gives_the_padded_batch_loss_and_gradients(lengths):
+    samples, model = _samples(lengths), _model()
+    padded = padded_collate_sft(samples)
+    flat = padding_free_collate(samples)
+    _assert_same_training_signal(model, flat, padded, lengths)
 
 
 def test_padding_free_falls_back_to_padding_beyond_max_seq_len():
@@ -85,14 +91,8 @@ def test_padding_free_packs_give_the_padded_packs_loss_and_gradients():
     assert len(packs) == 3 and all(int(p["seq_lens"][-1]) > 0 and p["labels"][-1] == -100 for p in packs)
     padded = padded_collate_packed(packs)
     flat = padding_free_collate(packs)
-    assert flat["tokens"].shape == (1, 149) and flat["mask"].shape == (1, 149, 149)  # 20 + 35 + ... + 22
-    assert flat["input_pos"][0].tolist() == [i for n in [20, 35, 17, 30, 25, 22] for i in range(n)]
-    assert num_loss_tokens(shift_labels(flat["labels"])) == num_loss_tokens(shift_labels(padded["labels"]))
-    want_loss, want_grads = _loss_and_grads(model, padded)
-    got_loss, got_grads = _loss_and_grads(model, flat)
-    torch.testing.assert_close(got_loss, want_loss, atol=1e-5, rtol=1e-5)
-    for got, want in zip(got_grads, want_grads):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert flat["tokens"].shape == (1, 149)  # 20 + 35 + ... + 22: the packs' padding is gone
+    _assert_same_training_signal(model, flat, padded, [20, 35, 17, 30, 25, 22])
 
 
 def test_padding_free_packs_fall_back_to_padded_packs():
