@@ -116,6 +116,23 @@ def test_gradients_equal_autograd_of_the_formula(use_bias, dropout, input_grad, 
             torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_layer_matches_eager_outputs_and_gradients(backend):
+    # the hand-written backward must trace under torch.compile (dynamo, and AOTAutograd for aot_eager); these
+    # backends need no C++ toolchain
+    layer = _layer(use_bias=True)
+    nn.init.normal_(layer.lora_b.weight)
+    x = torch.randn(2, 5, 64, requires_grad=True)
+    layer(x).square().sum().backward()
+    want = [layer.lora_a.weight.grad.clone(), layer.lora_b.weight.grad.clone(), x.grad.clone()]
+    layer.zero_grad()
+    x.grad = None
+    torch._dynamo.reset()
+    torch.compile(layer, backend=backend, fullgraph=True)(x).square().sum().backward()
+    for got, ref in zip([layer.lora_a.weight.grad, layer.lora_b.weight.grad, x.grad], want):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_unfrozen_base_weight_gets_its_gradient():
     # e.g. a gradual-unfreezing schedule turning the base weight trainable
     layer = _layer(use_bias=True)
