@@ -217,9 +217,10 @@ _PLAIN_TENSOR_TYPES = (torch.Tensor, nn.Parameter)
 
 
 def _is_plain_linear(module: nn.Module) -> bool:
-    """An ``nn.Linear`` without hooks whose weight is a plain tensor (not a DTensor or another subclass)."""
+    """A bias-free ``nn.Linear`` without hooks whose weight is a plain tensor (not a DTensor or another subclass)."""
     return (
         type(module) is nn.Linear
+        and module.bias is None  # the fast paths use the weight alone
         and not (module._forward_hooks or module._forward_pre_hooks)
         and type(module.weight) in _PLAIN_TENSOR_TYPES
     )

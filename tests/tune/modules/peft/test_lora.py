@@ -73,6 +73,15 @@ def test_hooked_or_replaced_adapter_module_is_called_as_a_module():
     assert seen == [(2, 5, layer.out_dim)]
 
 
+def test_adapter_replaced_by_a_linear_with_bias_keeps_its_bias():
+    # the fast paths read only the adapters' weights; a user's adapter Linear with a bias must be called instead
+    layer = _layer()
+    layer.lora_a, layer.lora_b = nn.Linear(64, RANK), nn.Linear(RANK, 96)
+    x = torch.randn(2, 5, 64, requires_grad=True)
+    expected = F.linear(x, layer.weight) + layer.lora_b(layer.lora_a(x)) * (ALPHA / RANK)
+    torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-5)
+
+
 def test_dropout_only_touches_the_adapter_input():
     layer = _layer(dropout=0.5).train()
     x = torch.randn(4, 64)
