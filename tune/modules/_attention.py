@@ -208,14 +208,14 @@ class MultiHeadAttention(nn.Module):
         pieces = zip(*(t.flatten(0, 1).split(spans) for t in (q, k, v)))
         outputs = [
             F.scaled_dot_product_attention(
-                q_doc.transpose(0, 1)[None],  # [1, heads, doc_len, head_dim]
-                k_doc.transpose(0, 1)[None],
-                v_doc.transpose(0, 1)[None],
+                q_doc.transpose(0, 1).unsqueeze(0),  # [1, heads, doc_len, head_dim]
+                k_doc.transpose(0, 1).unsqueeze(0),
+                v_doc.transpose(0, 1).unsqueeze(0),
                 dropout_p=dropout,
                 is_causal=True,
                 scale=self.scale,
                 enable_gqa=self.num_kv_heads != self.num_heads,
-            )[0].transpose(0, 1)  # [doc_len, heads, head_dim]
+            ).squeeze(0).transpose(0, 1)  # [doc_len, heads, head_dim]; squeeze's backward is a view, not a copy
             for q_doc, k_doc, v_doc in pieces
         ]
         return torch.cat(outputs)
