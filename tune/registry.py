@@ -1,15 +1,23 @@
 """The model-family registry: one place that says what a family provides.
 
-Each family (``tune/models/<family>/__init__.py``, or a plugin) registers a :class:`ModelFamily`. Checkpointers
-look converters up here by ``model_type``, ``tune.models.from_hf`` picks the family of a Hugging Face
-``config.json`` here, ``tune ls --models`` lists it, and the distributed recipes read the FSDP shard rule and
-tensor-parallel plan from it. There is no if/elif on model type anywhere else.
+Each built-in family declares itself as a module-level value ``FAMILY = ModelFamily(...)`` in its package
+(``tune/models/<family>/__init__.py``) and never calls into this module on import; plugins ship a
+:class:`ModelFamily` through an entry point (``tune.plugins``); user code may call :func:`register_model_family`
+at run time. Checkpointers look converters up here by ``model_type``, ``tune.models.from_hf`` picks the family
+of a Hugging Face ``config.json`` here, ``tune ls --models`` lists it, and the distributed recipes read the FSDP
+shard rule and tensor-parallel plan from it. There is no if/elif on model type anywhere else.
 
-This module is a leaf like ``tune.utils``: it imports nothing from tune but ``tune.plugins``, so every layer may
-read it. Built-in families are imported by name the first time a lookup misses.
+This module is a leaf like ``tune.utils``: at import time it imports nothing from tune but ``tune.plugins``, so
+every layer may read it. Built-in families are found, not listed: every public subpackage of ``tune.models`` is
+one, named after its package, and is imported by name (``importlib``) the first time a lookup asks for it. A
+lookup by a family's own name imports that family only; an alias (``qwen2``), a Hugging Face ``model_type`` or
+:func:`list_model_families` imports them all. A family that fails to import is reported once as a warning
+naming it and the error, and the others keep working.
 """
 
 import importlib
+import pkgutil
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,12 +68,17 @@ class ModelFamily:
 
 _FAMILIES: dict[str, ModelFamily] = {}
 _ALIASES: dict[str, str] = {}
-_builtins_loaded = False
+_imported: set[str] = set()  # built-in families already imported (or tried)
+_broken: dict[str, Exception] = {}  # built-in family -> why it failed to import
+_builtins_loaded = False  # every built-in family has been tried
 _plugins_loaded = False
 
 
 def register_model_family(family: ModelFamily, *, overwrite: bool = False) -> ModelFamily:
     """Registers ``family`` under its name and aliases.
+
+    Built-in families need no call: the registry finds them. Use this for a family defined in your own code;
+    registered before the first lookup of a built-in family of the same name, it takes that name's place.
 
     Raises:
         ValueError: if the name is taken by another family and ``overwrite`` is False.
@@ -79,11 +92,43 @@ def register_model_family(family: ModelFamily, *, overwrite: bool = False) -> Mo
     return family
 
 
+def _builtin_names() -> list[str]:
+    """The built-in families: the public subpackages of ``tune.models``, found on disk, none of them imported."""
+    # the only imports of tune.models here, both by literal name so tests/test_layering.py sees them
+    package = importlib.import_module("tune.models")  # its __init__ imports no family
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg and not m.name.startswith("_"))
+
+
+def _load_builtin(name: str) -> None:
+    """Imports the built-in family ``name`` and registers its ``FAMILY``; a failure is warned about once."""
+    if name in _imported:
+        return
+    _imported.add(name)
+    try:
+        module = importlib.import_module(f"tune.models.{name}")
+        family = getattr(module, "FAMILY", None)
+        if not isinstance(family, ModelFamily):
+            raise TypeError(f"tune.models.{name} declares no `FAMILY = ModelFamily(...)`")
+        if family.name.lower() != name:
+            raise ValueError(f"tune.models.{name} declares a family named {family.name!r}; name it {name!r}")
+    except Exception as err:  # one broken family must not break the others: report it and carry on
+        _broken[name] = err
+        warnings.warn(
+            f"tune model family {name!r} (tune.models.{name}) failed to load and is ignored: "
+            f"{type(err).__name__}: {err}",
+            stacklevel=3,
+        )
+        return
+    if name not in _FAMILIES:  # a family the user registered under this name first keeps it
+        register_model_family(family)
+
+
 def _load_builtins() -> None:
     global _builtins_loaded
     if not _builtins_loaded:
+        for name in _builtin_names():
+            _load_builtin(name)
         _builtins_loaded = True
-        importlib.import_module("tune.models")  # each family registers itself on import
 
 
 def _load_plugins() -> None:
@@ -104,24 +149,38 @@ def _find(name: str) -> ModelFamily | None:
 def get_model_family(name: str) -> ModelFamily:
     """The family registered as ``name`` (case-insensitive, aliases accepted; ``LLAMA3_2`` finds ``llama3_2``).
 
+    A built-in family's own name imports that family only; any other name (an alias, a plugin's family) imports
+    every built-in family, then the plugins, until one matches.
+
     Raises:
-        ValueError: listing the registered families when there is none of that name.
+        ValueError: listing the registered families when there is none of that name, or naming the error when
+            the built-in family of that name failed to import.
     """
     family = _find(name)
-    if family is None:
+    key = name.lower()
+    if family is None and not _builtins_loaded and key in _builtin_names():
+        _load_builtin(key)
+        family = _find(name)
+    # a built-in family that failed to import is reported as such, without importing every other one
+    if family is None and key not in _broken:
         _load_builtins()
         family = _find(name)
-    if family is None:
+    if family is None and key not in _broken:
         _load_plugins()
         family = _find(name)
     if family is None:
+        if key in _broken:
+            err = _broken[key]
+            raise ValueError(
+                f"The model family {key!r} (tune.models.{key}) failed to load: {type(err).__name__}: {err}"
+            ) from err
         known = ", ".join(sorted(_FAMILIES)) or "(none)"
         raise ValueError(f"Unknown model_type {name!r}. Registered model families: {known}.")
     return family
 
 
 def list_model_families() -> dict[str, ModelFamily]:
-    """Every registered family, built-in and from plugins, by name."""
+    """Every registered family, built-in and from plugins, by name (families that failed to load are warned about)."""
     _load_builtins()
     _load_plugins()
     return dict(sorted(_FAMILIES.items()))
@@ -141,3 +200,13 @@ def family_for_hf_model_type(model_type: str) -> ModelFamily:
     raise ValueError(
         f"Unsupported Hugging Face model_type {model_type!r}. Supported: {', '.join(supported) or '(none)'}."
     )
+
+
+def _reset_for_tests() -> None:
+    """Forgets every registered family and what was tried (tests that break or add families at run time)."""
+    global _builtins_loaded, _plugins_loaded
+    _FAMILIES.clear()
+    _ALIASES.clear()
+    _imported.clear()
+    _broken.clear()
+    _builtins_loaded = _plugins_loaded = False

@@ -1,22 +1,34 @@
 """Model families (one folder each) and loading Hugging Face checkpoints without naming a builder.
 
-Importing this package registers every built-in family in ``tune.registry``.
+Every public subpackage is a family and declares itself (``FAMILY = ModelFamily(...)``); ``tune.registry`` finds
+them there. Nothing is imported here up front: ``import tune.models.llama2`` loads that family only, and
+``tune.models.qwen2_5`` or ``tune.models.from_hf`` are imported on first access.
 """
 
-from tune.models import gemma2, llama2, llama3, llama3_1, llama3_2, llama3_3, mistral, phi3, qwen2_5, qwen3
-from tune.models._hf import from_hf, to_hf_state_dict
+import importlib
+import pkgutil
 
-__all__ = [
-    "from_hf",
-    "gemma2",
-    "llama2",
-    "llama3",
-    "llama3_1",
-    "llama3_2",
-    "llama3_3",
-    "mistral",
-    "phi3",
-    "qwen2_5",
-    "qwen3",
-    "to_hf_state_dict",
-]
+# tune.models._hf: functions importable from tune.models itself
+_HF_FUNCTIONS = ("from_hf", "to_hf_state_dict")
+
+
+def _families() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg and not m.name.startswith("_"))
+
+
+def __getattr__(name: str):
+    # Lazy attributes (PEP 562): `tune.models.llama2.llama2_7b()` and `tune.models.from_hf(...)` without a
+    # family being imported before it is asked for. `from tune.models import qwen2_5` imports the submodule
+    # itself and never gets here.
+    if name in _HF_FUNCTIONS:
+        return getattr(importlib.import_module("tune.models._hf"), name)
+    if not name.startswith("_") and name in _families():
+        return importlib.import_module(f"tune.models.{name}")  # binds itself here as an attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+__all__ = [*_HF_FUNCTIONS, *_families()]

@@ -3,10 +3,17 @@
 Families differ in a handful of switches (QKV bias, q/k norm, tied output, RoPE scaling, sliding windows,
 soft-capping, Gemma's norms); one function wires them so that a fix lands in every family at once. Families
 expose their own component builders with torchtune's keyword names and call this.
+
+Also here: ``ModelSize``, a row of the table of released sizes each family keeps in its ``_model_builders.py``,
+and ``qlora_builder``, which makes a family's ``qlora_*`` builders from its ``lora_*`` ones.
 """
 
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 from torch import nn
 
@@ -252,3 +259,52 @@ def _activation(name: str) -> nn.Module:
     if name == "gelu_tanh":
         return nn.GELU(approximate="tanh")
     raise ValueError(f"Unknown activation {name!r}; supported: 'silu', 'gelu_tanh'.")
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """A released model size: a row of a family's ``MODEL_SIZES`` table, keyed by the name of its builder.
+
+    The table drives the family's named builders (``qwen2(**MODEL_SIZES["qwen2_5_0_5b"].dims)``),
+    ``tools/make_configs.py`` (which downloads ``repo``) and the tests of named sizes (which compare the built
+    model with the published ``config.json`` of ``repo``).
+
+    Args:
+        repo (str): the Hugging Face repo id whose ``config.json`` the dimensions are those of.
+        dims (Mapping[str, Any]): keyword arguments of the family's component builder; stored read-only.
+    """
+
+    repo: str
+    dims: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", MappingProxyType(dict(self.dims)))  # frozen all the way down
+
+
+def qlora_builder(lora_builder: Callable[..., Any]) -> functools.partial:
+    """``lora_builder`` with ``quantize_base=True``, named ``q<lora_builder's name>`` and documented.
+
+    The partial reads like a function: ``__name__``, ``__qualname__``, ``__module__`` and ``__doc__`` are set, and
+    ``inspect.signature`` (what ``tune validate`` checks config keys against) gives the LoRA builder's parameters
+    without ``quantize_base``.
+
+    Args:
+        lora_builder (Callable[..., Any]): a family's ``lora_<size>`` builder, with a ``quantize_base`` parameter.
+
+    Returns:
+        functools.partial: the ``qlora_<size>`` builder.
+    """
+    signature = inspect.signature(lora_builder)
+    if "quantize_base" not in signature.parameters:
+        raise TypeError(f"{lora_builder.__name__} has no quantize_base parameter to fix to True.")
+    builder = functools.partial(lora_builder, quantize_base=True)
+    builder.__name__ = builder.__qualname__ = f"q{lora_builder.__name__}"
+    builder.__module__ = lora_builder.__module__
+    builder.__doc__ = (
+        f":func:`{lora_builder.__name__}` with ``quantize_base=True`` (QLoRA, Dettmers et al., 2023,\n"
+        "https://arxiv.org/abs/2305.14314): the base weights of the adapted layers are stored in NF4. It takes the\n"
+        "same arguments, except ``quantize_base``.\n"
+    )
+    parameters = [p for name, p in signature.parameters.items() if name != "quantize_base"]
+    builder.__signature__ = signature.replace(parameters=parameters)
+    return builder

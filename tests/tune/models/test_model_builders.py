@@ -1,126 +1,412 @@
-"""Every named size, built on the meta device, has exactly the parameter count of the transformers model built
-from the official config.json values of that size (written below as literals, each naming its Hugging Face repo).
+"""Every row of every family's ``MODEL_SIZES`` table (tune/models/<family>/_model_builders.py): registered with its
+LoRA and QLoRA builders, built on the meta device with the hyperparameters of the published ``config.json`` of
+its Hugging Face repo, and with exactly the parameter count of the transformers model built from those values.
 """
+
+import inspect
+import math
+from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+import tune.models
+from tune.config import validate_config
+from tune.models._common import ModelSize
+from tune.modules import Llama3ScaledRoPE, RMSNorm, TiedLinear, TransformerDecoder
 from tune.registry import get_model_family
 
 transformers = pytest.importorskip("transformers")
 
+FAMILIES = sorted(path.parent.name for path in Path(tune.models.__file__).parent.glob("*/_model_builders.py"))
 
-def _llama(vocab, hidden, inter, layers, heads, kv, **extra):
-    return "LlamaConfig", dict(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, **extra,
+
+def _table(family: str) -> dict[str, ModelSize]:
+    return __import__(f"tune.models.{family}._model_builders", fromlist=["MODEL_SIZES"]).MODEL_SIZES
+
+
+SIZES = {name: (family, size) for family in FAMILIES for name, size in _table(family).items()}
+
+
+def _llama3_rope(factor: float) -> dict:
+    return dict(
+        rope_type="llama3",
+        factor=factor,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
     )
 
 
-def _qwen2(vocab, hidden, inter, layers, heads, kv, tie):
-    return "Qwen2Config", dict(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tie,
-    )
-
-
-def _qwen3(hidden, inter, layers, heads, tie):
-    return "Qwen3Config", dict(
-        vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=8, head_dim=128, tie_word_embeddings=tie,
-    )
-
-
-def _gemma2(hidden, inter, layers, heads, kv, head_dim):
-    return "Gemma2Config", dict(
-        vocab_size=256000, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
-    )
-
-
-# builder -> (family, transformers config class, config.json values)
-OFFICIAL = {
-    # meta-llama/Llama-2-7b-hf, Llama-2-13b-hf, Llama-2-70b-hf
-    "llama2_7b": ("llama2", *_llama(32000, 4096, 11008, 32, 32, 32)),
-    "llama2_13b": ("llama2", *_llama(32000, 5120, 13824, 40, 40, 40)),
-    "llama2_70b": ("llama2", *_llama(32000, 8192, 28672, 80, 64, 8)),
-    # meta-llama/Meta-Llama-3-8B, Meta-Llama-3-70B
-    "llama3_8b": ("llama3", *_llama(128256, 4096, 14336, 32, 32, 8)),
-    "llama3_70b": ("llama3", *_llama(128256, 8192, 28672, 80, 64, 8)),
-    # meta-llama/Llama-3.1-8B, Llama-3.1-70B, Llama-3.1-405B
-    "llama3_1_8b": ("llama3_1", *_llama(128256, 4096, 14336, 32, 32, 8)),
-    "llama3_1_70b": ("llama3_1", *_llama(128256, 8192, 28672, 80, 64, 8)),
-    "llama3_1_405b": ("llama3_1", *_llama(128256, 16384, 53248, 126, 128, 8)),
-    # meta-llama/Llama-3.2-1B, Llama-3.2-3B (tied embeddings, head_dim 64 / 128)
-    "llama3_2_1b": ("llama3_2", *_llama(128256, 2048, 8192, 16, 32, 8, head_dim=64, tie_word_embeddings=True)),
-    "llama3_2_3b": ("llama3_2", *_llama(128256, 3072, 8192, 28, 24, 8, head_dim=128, tie_word_embeddings=True)),
-    # meta-llama/Llama-3.3-70B-Instruct
-    "llama3_3_70b": ("llama3_3", *_llama(128256, 8192, 28672, 80, 64, 8)),
-    # mistralai/Mistral-7B-v0.1
-    "mistral_7b": ("mistral", "MistralConfig", dict(
-        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, sliding_window=4096,
-    )),
-    # Qwen/Qwen2.5-0.5B-Instruct, -1.5B, -3B-Instruct, -7B, -14B, -32B, -72B (base and -Instruct share dimensions)
-    "qwen2_5_0_5b": ("qwen2_5", *_qwen2(151936, 896, 4864, 24, 14, 2, True)),
-    "qwen2_5_1_5b_base": ("qwen2_5", *_qwen2(151936, 1536, 8960, 28, 12, 2, True)),
-    "qwen2_5_1_5b_instruct": ("qwen2_5", *_qwen2(151936, 1536, 8960, 28, 12, 2, True)),
-    "qwen2_5_3b": ("qwen2_5", *_qwen2(151936, 2048, 11008, 36, 16, 2, True)),
-    "qwen2_5_7b_base": ("qwen2_5", *_qwen2(152064, 3584, 18944, 28, 28, 4, False)),
-    "qwen2_5_7b_instruct": ("qwen2_5", *_qwen2(152064, 3584, 18944, 28, 28, 4, False)),
-    "qwen2_5_14b_base": ("qwen2_5", *_qwen2(152064, 5120, 13824, 48, 40, 8, False)),
-    "qwen2_5_14b_instruct": ("qwen2_5", *_qwen2(152064, 5120, 13824, 48, 40, 8, False)),
-    "qwen2_5_32b_base": ("qwen2_5", *_qwen2(152064, 5120, 27648, 64, 40, 8, False)),
-    "qwen2_5_32b_instruct": ("qwen2_5", *_qwen2(152064, 5120, 27648, 64, 40, 8, False)),
-    "qwen2_5_72b_base": ("qwen2_5", *_qwen2(152064, 8192, 29568, 80, 64, 8, False)),
-    "qwen2_5_72b_instruct": ("qwen2_5", *_qwen2(152064, 8192, 29568, 80, 64, 8, False)),
-    # Qwen/Qwen3-0.6B(-Base), 1.7B, 4B, 8B, 14B, 32B
-    "qwen3_0_6b_base": ("qwen3", *_qwen3(1024, 3072, 28, 16, True)),
-    "qwen3_0_6b_instruct": ("qwen3", *_qwen3(1024, 3072, 28, 16, True)),
-    "qwen3_1_7b_base": ("qwen3", *_qwen3(2048, 6144, 28, 16, True)),
-    "qwen3_1_7b_instruct": ("qwen3", *_qwen3(2048, 6144, 28, 16, True)),
-    "qwen3_4b_base": ("qwen3", *_qwen3(2560, 9728, 36, 32, True)),
-    "qwen3_4b_instruct": ("qwen3", *_qwen3(2560, 9728, 36, 32, True)),
-    "qwen3_8b_base": ("qwen3", *_qwen3(4096, 12288, 36, 32, False)),
-    "qwen3_8b_instruct": ("qwen3", *_qwen3(4096, 12288, 36, 32, False)),
-    "qwen3_14b_base": ("qwen3", *_qwen3(5120, 17408, 40, 40, False)),
-    "qwen3_14b_instruct": ("qwen3", *_qwen3(5120, 17408, 40, 40, False)),
-    "qwen3_32b": ("qwen3", *_qwen3(5120, 25600, 64, 64, False)),
-    # google/gemma-2-2b, gemma-2-9b, gemma-2-27b
-    "gemma2_2b": ("gemma2", *_gemma2(2304, 9216, 26, 8, 4, 256)),
-    "gemma2_9b": ("gemma2", *_gemma2(3584, 14336, 42, 16, 8, 256)),
-    "gemma2_27b": ("gemma2", *_gemma2(4608, 36864, 46, 32, 16, 128)),
-    # microsoft/Phi-3-mini-4k-instruct
-    "phi3_mini": ("phi3", "Phi3Config", dict(
-        vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=32, pad_token_id=32000, sliding_window=2047,
-    )),
+# fmt: off
+# Published hyperparameters, transcribed from each repo's config.json on the Hugging Face hub (no network in the
+# tests). A key is left out where the file does not set it, or where it was not certain: nothing is compared there.
+PUBLISHED = {
+    "meta-llama/Llama-2-7b-hf": dict(
+        model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        tie_word_embeddings=False),
+    "meta-llama/Llama-2-13b-hf": dict(
+        model_type="llama", vocab_size=32000, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+        num_attention_heads=40, num_key_value_heads=40, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        tie_word_embeddings=False),
+    "meta-llama/Llama-2-70b-hf": dict(
+        model_type="llama", vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        tie_word_embeddings=False),
+    "meta-llama/Meta-Llama-3-8B-Instruct": dict(
+        model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=None, tie_word_embeddings=False),
+    "meta-llama/Meta-Llama-3-70B-Instruct": dict(
+        model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=None, tie_word_embeddings=False),
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": dict(
+        model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=_llama3_rope(8.0), tie_word_embeddings=False),
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": dict(
+        model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=_llama3_rope(8.0), tie_word_embeddings=False),
+    "meta-llama/Llama-3.1-405B": dict(
+        model_type="llama", vocab_size=128256, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
+        num_attention_heads=128, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=_llama3_rope(8.0), tie_word_embeddings=False),
+    "meta-llama/Llama-3.2-1B-Instruct": dict(
+        model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=_llama3_rope(32.0), tie_word_embeddings=True),
+    "meta-llama/Llama-3.2-3B-Instruct": dict(
+        model_type="llama", vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+        num_attention_heads=24, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=_llama3_rope(32.0), tie_word_embeddings=True),
+    "meta-llama/Llama-3.3-70B-Instruct": dict(
+        model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=_llama3_rope(8.0), tie_word_embeddings=False),
+    "mistralai/Mistral-7B-v0.1": dict(
+        model_type="mistral", vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=32768, rms_norm_eps=1e-5,
+        rope_theta=10000.0, sliding_window=4096, tie_word_embeddings=False),
+    "microsoft/Phi-3-mini-4k-instruct": dict(
+        model_type="phi3", vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        rope_theta=10000.0, rope_scaling=None, sliding_window=2047, tie_word_embeddings=False, pad_token_id=32000),
+    "google/gemma-2-2b-it": dict(
+        model_type="gemma2", vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
+        rope_theta=10000.0, sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        query_pre_attn_scalar=256),
+    "google/gemma-2-9b-it": dict(
+        model_type="gemma2", vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
+        rope_theta=10000.0, sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        query_pre_attn_scalar=256),
+    "google/gemma-2-27b-it": dict(
+        model_type="gemma2", vocab_size=256000, hidden_size=4608, intermediate_size=36864, num_hidden_layers=46,
+        num_attention_heads=32, num_key_value_heads=16, head_dim=128, max_position_embeddings=8192,
+        rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, query_pre_attn_scalar=144),
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-1.5B": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-1.5B-Instruct": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-3B-Instruct": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-7B": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-7B-Instruct": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-14B": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-14B-Instruct": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-32B": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-32B-Instruct": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-72B": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-72B-Instruct": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen3-0.6B-Base": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen3-0.6B": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen3-1.7B-Base": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen3-1.7B": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen3-4B-Base": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen3-4B": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen3-8B-Base": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen3-8B": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen3-14B-Base": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_hidden_layers=40,
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen3-14B": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_hidden_layers=40,
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen3-32B": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
 }
+# fmt: on
+
+# the config.json keys that name a hyperparameter read back from a built model (_read_hyperparameters)
+HYPERPARAMETERS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "tie_word_embeddings",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "query_pre_attn_scalar",
+)
+# the keys that decide the parameter count of a transformers model
+SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+    "pad_token_id",
+)
+
+
+def _one(values: list, what: str):
+    assert len({repr(value) for value in values}) == 1, f"{what} differs between layers: {values}"
+    return values[0]
+
+
+def _read_hyperparameters(model: TransformerDecoder) -> dict:
+    """The built model's hyperparameters under their config.json names, each checked to be the same everywhere."""
+    attns = [layer.attn for layer in model.layers]
+    rope = _one([attn.pos_embeddings for attn in attns], "the RoPE module")  # one module shared by every layer
+    rope_scaling = None
+    if isinstance(rope, Llama3ScaledRoPE):
+        rope_scaling = dict(
+            rope_type="llama3",
+            factor=rope.scale_factor,
+            low_freq_factor=rope.low_freq_factor,
+            high_freq_factor=rope.high_freq_factor,
+            original_max_position_embeddings=rope.old_context_len,
+        )
+    max_seq_lens = [model.max_seq_len, rope.max_seq_len] + [attn.max_seq_len for attn in attns]
+    return dict(
+        vocab_size=model.tok_embeddings.num_embeddings,
+        hidden_size=model.tok_embeddings.embedding_dim,
+        intermediate_size=_one([layer.mlp.w1.out_features for layer in model.layers], "intermediate size"),
+        num_hidden_layers=len(model.layers),
+        num_attention_heads=_one([attn.num_heads for attn in attns], "num_heads"),
+        num_key_value_heads=_one([attn.num_kv_heads for attn in attns], "num_kv_heads"),
+        head_dim=_one([attn.head_dim for attn in attns], "head_dim"),
+        max_position_embeddings=_one(max_seq_lens, "max_seq_len"),
+        rms_norm_eps=_one([m.eps for m in model.modules() if isinstance(m, RMSNorm)], "RMSNorm eps"),
+        rope_theta=rope.base,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=isinstance(model.output, TiedLinear),
+        attn_logit_softcapping=_one([attn.softcapping for attn in attns], "attention softcapping"),
+        final_logit_softcapping=getattr(model.output, "softcapping", None),
+        query_pre_attn_scalar=_one([attn.scale**-2 for attn in attns], "attention scale"),
+    )
+
+
+def _published_sliding_windows(published: dict) -> list[int | None]:
+    """The window of each layer of the transformers model of ``published`` (None: full attention)."""
+    num_layers, window = published["num_hidden_layers"], published.get("sliding_window")
+    if published["model_type"] in ("mistral", "phi3"):  # every layer
+        return [window] * num_layers
+    if published["model_type"] == "gemma2":  # local and global layers alternate, local first
+        return [window if i % 2 == 0 else None for i in range(num_layers)]
+    if published["model_type"] in ("qwen2", "qwen3"):
+        assert published["use_sliding_window"] is False  # a window would apply from max_window_layers on
+    return [None] * num_layers
+
+
+def _same(ours, published) -> bool:
+    if isinstance(published, int | float) and not isinstance(published, bool):
+        # numbers read back through arithmetic (query_pre_attn_scalar is attention scale ** -2) agree to rounding
+        return isinstance(ours, int | float) and math.isclose(ours, published, rel_tol=1e-9)
+    return ours == published
+
+
+def _build(name: str, prefix: str = "", *args, **kwargs) -> TransformerDecoder:
+    """The registered builder ``prefix + name`` of size ``name``, called on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return get_model_family(SIZES[name][0]).builders[prefix + name](*args, **kwargs)
 
 
 def _count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() counts a tied weight once
 
 
-# component builders (take dimensions) are registered beside the named sizes
-COMPONENT_BUILDERS = {"llama2", "llama3", "llama3_1", "llama3_2", "mistral", "qwen2", "qwen3", "gemma2", "phi3"}
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_registers_exactly_the_sizes_of_its_table(family):
+    builders = get_model_family(family).builders
+    named = {name for name, builder in builders.items() if not inspect.signature(builder).parameters}
+    assert named == set(_table(family)), "named sizes (builders without parameters) are the rows of MODEL_SIZES"
+    for name in _table(family):
+        assert {f"lora_{name}", f"qlora_{name}"} <= set(builders)
 
 
-def test_every_named_size_is_checked():
-    named = set()
-    for family in {family for family, *_ in OFFICIAL.values()}:
-        named |= {
-            name
-            for name in get_model_family(family).builders
-            if not name.startswith(("lora_", "qlora_")) and name not in COMPONENT_BUILDERS
+def test_every_table_repo_has_published_values():
+    core = {
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "rms_norm_eps",
+    }
+    repos = {size.repo for _, size in SIZES.values()}
+    assert repos == set(PUBLISHED)
+    print(f"{len(SIZES)} sizes in {len(FAMILIES)} tables, {len(repos)} repos")
+    for repo, published in PUBLISHED.items():
+        assert core <= set(published), f"{repo} lacks {sorted(core - set(published))}"
+        assert set(published) <= set(HYPERPARAMETERS) | {
+            "model_type",
+            "sliding_window",
+            "use_sliding_window",
+            "pad_token_id",
         }
-    assert named == set(OFFICIAL)
 
 
-@pytest.mark.parametrize("builder_name", sorted(OFFICIAL))
-def test_named_size_has_transformers_parameter_count(builder_name):
-    family, config_class, values = OFFICIAL[builder_name]
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_named_size_has_the_published_hyperparameters(name):
+    published = PUBLISHED[SIZES[name][1].repo]
+    model = _build(name)
+    ours = _read_hyperparameters(model)
+    compared = [key for key in HYPERPARAMETERS if key in published]
+    mismatched = {key: (ours[key], published[key]) for key in compared if not _same(ours[key], published[key])}
+    assert not mismatched, f"{name}: (ours, published) {mismatched}"
+    windows = [layer.attn.sliding_window for layer in model.layers]
+    assert windows == _published_sliding_windows(published), f"{name}: per-layer sliding windows {windows}"
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_named_size_has_transformers_parameter_count(name):
+    published = PUBLISHED[SIZES[name][1].repo]
+    shape = {key: published[key] for key in SHAPE_KEYS if key in published}
+    config = transformers.AutoConfig.for_model(published["model_type"], **shape)
     with torch.device("meta"):
-        ours = get_model_family(family).builders[builder_name]()
-        reference = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**values))
-    assert _count(ours) == _count(reference)
+        reference = transformers.AutoModelForCausalLM.from_config(config)
+    assert _count(_build(name)) == _count(reference)
+
+
+LORA_PARAMETERS = [
+    ("lora_attn_modules", inspect.Parameter.empty),
+    ("apply_lora_to_mlp", False),
+    ("apply_lora_to_output", False),
+    ("lora_rank", 8),
+    ("lora_alpha", 16.0),
+    ("lora_dropout", 0.0),
+    ("use_dora", False),
+    ("quantize_base", False),
+]
+
+
+def _parameters(builder) -> list[tuple[str, object]]:
+    parameters = inspect.signature(builder).parameters.values()
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+    return [(p.name, p.default) for p in parameters]
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_lora_and_qlora_builders_keep_torchtune_signatures(name):
+    builders = get_model_family(SIZES[name][0]).builders
+    base, lora, qlora = builders[name], builders[f"lora_{name}"], builders[f"qlora_{name}"]
+    assert inspect.isfunction(base) and inspect.isfunction(lora) and base.__doc__ and lora.__doc__
+    assert _parameters(lora) == LORA_PARAMETERS
+    assert _parameters(qlora) == LORA_PARAMETERS[:-1]  # quantize_base is fixed
+    assert inspect.signature(qlora).return_annotation is inspect.signature(lora).return_annotation
+    assert qlora.func is lora and qlora.args == () and qlora.keywords == {"quantize_base": True}
+    assert qlora.__name__ == qlora.__qualname__ == f"qlora_{name}"
+    assert qlora.__module__ == lora.__module__ == base.__module__
+    assert f"lora_{name}" in qlora.__doc__
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_named_lora_builder_adds_exactly_the_adapters(name):
+    rank = 8
+    base = _build(name)
+    lora = _build(name, "lora_", ["q_proj", "v_proj"], apply_lora_to_mlp=True, lora_rank=rank)
+    attn = base.layers[0].attn
+    q_out, kv_out = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+    embed_dim, hidden = attn.embed_dim, base.layers[0].mlp.w1.out_features
+    per_layer = rank * (embed_dim + q_out) + rank * (embed_dim + kv_out) + 3 * rank * (embed_dim + hidden)
+    assert _count(lora) == _count(base) + len(base.layers) * per_layer
+
+
+def test_qlora_builder_is_validated_against_its_signature():
+    component = "tune.models.qwen2_5.qlora_qwen2_5_0_5b"
+    cfg = OmegaConf.create({"model": {"_component_": component, "lora_attn_modules": ["q_proj"], "lora_rank": 4}})
+    assert validate_config(cfg) == []
+    cfg.model.quantize_base = False  # fixed by the qlora builder: not an argument
+    assert [p.key for p in validate_config(cfg)] == ["model.quantize_base"]

@@ -1,46 +1,34 @@
-"""Llama 2: builders, Hugging Face weight conversion, and the family's entry in ``tune.registry``."""
+"""Llama 2: builders, Hugging Face weight conversion, and the family's declaration."""
 
+from tune.models._family import family_builders
+from tune.models._parallel import base_llama_tp_plan
+from tune.models.llama2 import _component_builders, _model_builders
 from tune.models.llama2._component_builders import llama2, lora_llama2
 from tune.models.llama2._convert_weights import llama_from_hf_config, llama_hf_to_tune, llama_tune_to_hf
 from tune.models.llama2._model_builders import (
+    llama2_7b,
     llama2_13b,
     llama2_70b,
-    llama2_7b,
+    lora_llama2_7b,
     lora_llama2_13b,
     lora_llama2_70b,
-    lora_llama2_7b,
+    qlora_llama2_7b,
     qlora_llama2_13b,
     qlora_llama2_70b,
-    qlora_llama2_7b,
 )
 from tune.models.llama2._tokenizer import llama2_tokenizer
-from tune.models._parallel import base_llama_tp_plan
-from tune.registry import ModelFamily, register_model_family
+from tune.registry import ModelFamily
 
-register_model_family(
-    ModelFamily(
-        name="llama2",
-        tokenizer=llama2_tokenizer,
-        builders={
-            "llama2": llama2,
-            "lora_llama2": lora_llama2,
-            "llama2_7b": llama2_7b,
-            "lora_llama2_7b": lora_llama2_7b,
-            "qlora_llama2_7b": qlora_llama2_7b,
-            "llama2_13b": llama2_13b,
-            "lora_llama2_13b": lora_llama2_13b,
-            "qlora_llama2_13b": qlora_llama2_13b,
-            "llama2_70b": llama2_70b,
-            "lora_llama2_70b": lora_llama2_70b,
-            "qlora_llama2_70b": qlora_llama2_70b,
-        },
-        hf_to_tune=llama_hf_to_tune,
-        tune_to_hf=llama_tune_to_hf,
-        hf_model_types=("llama",),
-        from_hf_config=llama_from_hf_config,
-        aliases=(),
-        tp_plan=base_llama_tp_plan,
-    )
+FAMILY = ModelFamily(
+    name="llama2",
+    tokenizer=llama2_tokenizer,
+    builders=family_builders(_component_builders, _model_builders),
+    hf_to_tune=llama_hf_to_tune,
+    tune_to_hf=llama_tune_to_hf,
+    hf_model_types=("llama",),
+    from_hf_config=llama_from_hf_config,
+    aliases=(),
+    tp_plan=base_llama_tp_plan,
 )
 
 __all__ = [

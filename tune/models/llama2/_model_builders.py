@@ -1,29 +1,36 @@
-"""Llama 2 model builders: the released sizes, with literal dimensions from each model's ``config.json``."""
+"""Llama 2 model builders: the released sizes.
+
+``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama2`) and the Hugging Face repo whose
+``config.json`` they are; the builders read it. A ``lora_*`` builder passes its own arguments on with
+``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*`` builder is the
+``lora_*`` one with ``quantize_base=True``.
+"""
 
 from collections.abc import Sequence
 
+from tune.models._common import ModelSize, qlora_builder
 from tune.models.llama2._component_builders import llama2, lora_llama2
 from tune.modules import TransformerDecoder
 
+# One size per row (kept as written: the formatter would give every argument a line of its own).
+# fmt: off
+MODEL_SIZES: dict[str, ModelSize] = {
+    "llama2_7b": ModelSize("meta-llama/Llama-2-7b-hf", dict(
+        vocab_size=32000, num_layers=32, num_heads=32, num_kv_heads=32, embed_dim=4096, intermediate_dim=11008,
+        max_seq_len=4096, norm_eps=1e-5, rope_base=10_000.0)),
+    "llama2_13b": ModelSize("meta-llama/Llama-2-13b-hf", dict(
+        vocab_size=32000, num_layers=40, num_heads=40, num_kv_heads=40, embed_dim=5120, intermediate_dim=13824,
+        max_seq_len=4096, norm_eps=1e-5, rope_base=10_000.0)),
+    "llama2_70b": ModelSize("meta-llama/Llama-2-70b-hf", dict(
+        vocab_size=32000, num_layers=80, num_heads=64, num_kv_heads=8, embed_dim=8192, intermediate_dim=28672,
+        max_seq_len=4096, norm_eps=1e-5, rope_base=10_000.0)),
+}
+# fmt: on
+
 
 def llama2_7b() -> TransformerDecoder:
-    """Llama 2 7B (dimensions of https://huggingface.co/meta-llama/Llama-2-7b-hf).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return llama2(
-        vocab_size=32000,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=32,
-        embed_dim=4096,
-        intermediate_dim=11008,
-        max_seq_len=4096,
-        norm_eps=1e-5,
-        rope_base=10_000.0,
-    )
+    """Llama 2 7B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return llama2(**MODEL_SIZES["llama2_7b"].dims)
 
 
 def lora_llama2_7b(
@@ -36,83 +43,21 @@ def lora_llama2_7b(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Llama 2 7B with LoRA adapters (see :func:`lora_llama2`).
+    """Llama 2 7B with fresh LoRA adapters (:func:`lora_llama2` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_llama2`.
     """
-    return lora_llama2(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=32000,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=32,
-        embed_dim=4096,
-        intermediate_dim=11008,
-        max_seq_len=4096,
-        norm_eps=1e-5,
-        rope_base=10_000.0,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_llama2(**locals(), **MODEL_SIZES["llama2_7b"].dims)
 
 
-def qlora_llama2_7b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Llama 2 7B with QLoRA: :func:`lora_llama2_7b` with ``quantize_base=True``."""
-    return lora_llama2_7b(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_llama2_7b = qlora_builder(lora_llama2_7b)
 
 
 def llama2_13b() -> TransformerDecoder:
-    """Llama 2 13B (dimensions of https://huggingface.co/meta-llama/Llama-2-13b-hf).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return llama2(
-        vocab_size=32000,
-        num_layers=40,
-        num_heads=40,
-        num_kv_heads=40,
-        embed_dim=5120,
-        intermediate_dim=13824,
-        max_seq_len=4096,
-        norm_eps=1e-5,
-        rope_base=10_000.0,
-    )
+    """Llama 2 13B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return llama2(**MODEL_SIZES["llama2_13b"].dims)
 
 
 def lora_llama2_13b(
@@ -125,83 +70,21 @@ def lora_llama2_13b(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Llama 2 13B with LoRA adapters (see :func:`lora_llama2`).
+    """Llama 2 13B with fresh LoRA adapters (:func:`lora_llama2` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_llama2`.
     """
-    return lora_llama2(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=32000,
-        num_layers=40,
-        num_heads=40,
-        num_kv_heads=40,
-        embed_dim=5120,
-        intermediate_dim=13824,
-        max_seq_len=4096,
-        norm_eps=1e-5,
-        rope_base=10_000.0,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_llama2(**locals(), **MODEL_SIZES["llama2_13b"].dims)
 
 
-def qlora_llama2_13b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Llama 2 13B with QLoRA: :func:`lora_llama2_13b` with ``quantize_base=True``."""
-    return lora_llama2_13b(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_llama2_13b = qlora_builder(lora_llama2_13b)
 
 
 def llama2_70b() -> TransformerDecoder:
-    """Llama 2 70B (dimensions of https://huggingface.co/meta-llama/Llama-2-70b-hf).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return llama2(
-        vocab_size=32000,
-        num_layers=80,
-        num_heads=64,
-        num_kv_heads=8,
-        embed_dim=8192,
-        intermediate_dim=28672,
-        max_seq_len=4096,
-        norm_eps=1e-5,
-        rope_base=10_000.0,
-    )
+    """Llama 2 70B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return llama2(**MODEL_SIZES["llama2_70b"].dims)
 
 
 def lora_llama2_70b(
@@ -214,60 +97,13 @@ def lora_llama2_70b(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Llama 2 70B with LoRA adapters (see :func:`lora_llama2`).
+    """Llama 2 70B with fresh LoRA adapters (:func:`lora_llama2` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_llama2`.
     """
-    return lora_llama2(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=32000,
-        num_layers=80,
-        num_heads=64,
-        num_kv_heads=8,
-        embed_dim=8192,
-        intermediate_dim=28672,
-        max_seq_len=4096,
-        norm_eps=1e-5,
-        rope_base=10_000.0,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_llama2(**locals(), **MODEL_SIZES["llama2_70b"].dims)
 
 
-def qlora_llama2_70b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Llama 2 70B with QLoRA: :func:`lora_llama2_70b` with ``quantize_base=True``."""
-    return lora_llama2_70b(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_llama2_70b = qlora_builder(lora_llama2_70b)

@@ -1,31 +1,33 @@
-"""Llama 3.2 model builders: the released sizes, with literal dimensions from each model's ``config.json``."""
+"""Llama 3.2 model builders: the released sizes.
+
+``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama3_2`) and the Hugging Face repo
+whose ``config.json`` they are (the instruct release; the base one has the same dimensions); the builders read it.
+A ``lora_*`` builder passes its own arguments on with ``**locals()`` (its first statement, so nothing but its
+parameters is there); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
+"""
 
 from collections.abc import Sequence
 
+from tune.models._common import ModelSize, qlora_builder
 from tune.models.llama3_2._component_builders import llama3_2, lora_llama3_2
 from tune.modules import TransformerDecoder
 
+# One size per row (kept as written: the formatter would give every argument a line of its own).
+# fmt: off
+MODEL_SIZES: dict[str, ModelSize] = {
+    "llama3_2_1b": ModelSize("meta-llama/Llama-3.2-1B-Instruct", dict(
+        vocab_size=128256, num_layers=16, num_heads=32, num_kv_heads=8, embed_dim=2048, intermediate_dim=8192,
+        max_seq_len=131072, norm_eps=1e-5, rope_base=500_000.0, scale_factor=32.0, tie_word_embeddings=True)),
+    "llama3_2_3b": ModelSize("meta-llama/Llama-3.2-3B-Instruct", dict(
+        vocab_size=128256, num_layers=28, num_heads=24, num_kv_heads=8, embed_dim=3072, intermediate_dim=8192,
+        max_seq_len=131072, norm_eps=1e-5, rope_base=500_000.0, scale_factor=32.0, tie_word_embeddings=True)),
+}
+# fmt: on
+
 
 def llama3_2_1b() -> TransformerDecoder:
-    """Llama 3.2 1B (dimensions of https://huggingface.co/meta-llama/Llama-3.2-1B).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return llama3_2(
-        vocab_size=128256,
-        num_layers=16,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=2048,
-        intermediate_dim=8192,
-        max_seq_len=131072,
-        norm_eps=1e-5,
-        rope_base=500_000.0,
-        scale_factor=32.0,
-        tie_word_embeddings=True,
-    )
+    """Llama 3.2 1B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return llama3_2(**MODEL_SIZES["llama3_2_1b"].dims)
 
 
 def lora_llama3_2_1b(
@@ -38,87 +40,21 @@ def lora_llama3_2_1b(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Llama 3.2 1B with LoRA adapters (see :func:`lora_llama3_2`).
+    """Llama 3.2 1B with fresh LoRA adapters (:func:`lora_llama3_2` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_llama3_2`.
     """
-    return lora_llama3_2(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=128256,
-        num_layers=16,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=2048,
-        intermediate_dim=8192,
-        max_seq_len=131072,
-        norm_eps=1e-5,
-        rope_base=500_000.0,
-        scale_factor=32.0,
-        tie_word_embeddings=True,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_llama3_2(**locals(), **MODEL_SIZES["llama3_2_1b"].dims)
 
 
-def qlora_llama3_2_1b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Llama 3.2 1B with QLoRA: :func:`lora_llama3_2_1b` with ``quantize_base=True``."""
-    return lora_llama3_2_1b(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_llama3_2_1b = qlora_builder(lora_llama3_2_1b)
 
 
 def llama3_2_3b() -> TransformerDecoder:
-    """Llama 3.2 3B (dimensions of https://huggingface.co/meta-llama/Llama-3.2-3B).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return llama3_2(
-        vocab_size=128256,
-        num_layers=28,
-        num_heads=24,
-        num_kv_heads=8,
-        embed_dim=3072,
-        intermediate_dim=8192,
-        max_seq_len=131072,
-        norm_eps=1e-5,
-        rope_base=500_000.0,
-        scale_factor=32.0,
-        tie_word_embeddings=True,
-    )
+    """Llama 3.2 3B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return llama3_2(**MODEL_SIZES["llama3_2_3b"].dims)
 
 
 def lora_llama3_2_3b(
@@ -131,62 +67,13 @@ def lora_llama3_2_3b(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Llama 3.2 3B with LoRA adapters (see :func:`lora_llama3_2`).
+    """Llama 3.2 3B with fresh LoRA adapters (:func:`lora_llama3_2` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_llama3_2`.
     """
-    return lora_llama3_2(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=128256,
-        num_layers=28,
-        num_heads=24,
-        num_kv_heads=8,
-        embed_dim=3072,
-        intermediate_dim=8192,
-        max_seq_len=131072,
-        norm_eps=1e-5,
-        rope_base=500_000.0,
-        scale_factor=32.0,
-        tie_word_embeddings=True,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_llama3_2(**locals(), **MODEL_SIZES["llama3_2_3b"].dims)
 
 
-def qlora_llama3_2_3b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Llama 3.2 3B with QLoRA: :func:`lora_llama3_2_3b` with ``quantize_base=True``."""
-    return lora_llama3_2_3b(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_llama3_2_3b = qlora_builder(lora_llama3_2_3b)

@@ -1,30 +1,26 @@
-"""Llama 3.3: builders, Hugging Face weight conversion, and the family's entry in ``tune.registry``."""
+"""Llama 3.3: builders, Hugging Face weight conversion, and the family's declaration."""
 
-from tune.models.llama2 import llama_hf_to_tune, llama_tune_to_hf
-from tune.models.llama3_3._model_builders import llama3_3_70b, lora_llama3_3_70b, qlora_llama3_3_70b
-from tune.models.llama3 import llama3_tokenizer
+from tune.models._family import family_builders
 from tune.models._parallel import base_llama_tp_plan
-from tune.registry import ModelFamily, register_model_family
+from tune.models.llama2 import llama_hf_to_tune, llama_tune_to_hf
+from tune.models.llama3 import llama3_tokenizer
+from tune.models.llama3_3 import _model_builders
+from tune.models.llama3_3._model_builders import llama3_3_70b, lora_llama3_3_70b, qlora_llama3_3_70b
+from tune.registry import ModelFamily
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
-# a config.json (llama_from_hf_config reads RoPE scaling and tied embeddings), so this one registers no
+# a config.json (llama_from_hf_config reads RoPE scaling and tied embeddings), so this one declares no
 # from_hf_config.
-register_model_family(
-    ModelFamily(
-        name="llama3_3",
-        tokenizer=llama3_tokenizer,
-        builders={
-            "llama3_3_70b": llama3_3_70b,
-            "lora_llama3_3_70b": lora_llama3_3_70b,
-            "qlora_llama3_3_70b": qlora_llama3_3_70b,
-        },
-        hf_to_tune=llama_hf_to_tune,
-        tune_to_hf=llama_tune_to_hf,
-        hf_model_types=("llama",),
-        from_hf_config=None,
-        aliases=(),
-        tp_plan=base_llama_tp_plan,
-    )
+FAMILY = ModelFamily(
+    name="llama3_3",
+    tokenizer=llama3_tokenizer,
+    builders=family_builders(_model_builders),
+    hf_to_tune=llama_hf_to_tune,
+    tune_to_hf=llama_tune_to_hf,
+    hf_model_types=("llama",),
+    from_hf_config=None,
+    aliases=(),
+    tp_plan=base_llama_tp_plan,
 )
 
 __all__ = [

@@ -1,30 +1,24 @@
-"""Mistral: builders, Hugging Face weight conversion, and the family's entry in ``tune.registry``."""
+"""Mistral: builders, Hugging Face weight conversion, and the family's declaration."""
 
+from tune.models._family import family_builders
+from tune.models._parallel import base_llama_tp_plan
+from tune.models.mistral import _component_builders, _model_builders
 from tune.models.mistral._component_builders import lora_mistral, mistral
 from tune.models.mistral._convert_weights import mistral_from_hf_config, mistral_hf_to_tune, mistral_tune_to_hf
 from tune.models.mistral._model_builders import lora_mistral_7b, mistral_7b, qlora_mistral_7b
 from tune.models.mistral._tokenizer import mistral_tokenizer
-from tune.models._parallel import base_llama_tp_plan
-from tune.registry import ModelFamily, register_model_family
+from tune.registry import ModelFamily
 
-register_model_family(
-    ModelFamily(
-        name="mistral",
-        tokenizer=mistral_tokenizer,
-        builders={
-            "mistral": mistral,
-            "lora_mistral": lora_mistral,
-            "mistral_7b": mistral_7b,
-            "lora_mistral_7b": lora_mistral_7b,
-            "qlora_mistral_7b": qlora_mistral_7b,
-        },
-        hf_to_tune=mistral_hf_to_tune,
-        tune_to_hf=mistral_tune_to_hf,
-        hf_model_types=("mistral",),
-        from_hf_config=mistral_from_hf_config,
-        aliases=(),
-        tp_plan=base_llama_tp_plan,
-    )
+FAMILY = ModelFamily(
+    name="mistral",
+    tokenizer=mistral_tokenizer,
+    builders=family_builders(_component_builders, _model_builders),
+    hf_to_tune=mistral_hf_to_tune,
+    tune_to_hf=mistral_tune_to_hf,
+    hf_model_types=("mistral",),
+    from_hf_config=mistral_from_hf_config,
+    aliases=(),
+    tp_plan=base_llama_tp_plan,
 )
 
 __all__ = [

@@ -1,94 +1,58 @@
-"""Qwen3: builders, Hugging Face weight conversion, and the family's entry in ``tune.registry``."""
+"""Qwen3: builders, Hugging Face weight conversion, and the family's declaration."""
 
+from tune.models._family import family_builders
+from tune.models._parallel import base_qwen_tp_plan
+from tune.models.qwen3 import _component_builders, _model_builders
 from tune.models.qwen3._component_builders import lora_qwen3, qwen3
 from tune.models.qwen3._convert_weights import qwen3_from_hf_config, qwen3_hf_to_tune, qwen3_tune_to_hf
 from tune.models.qwen3._model_builders import (
     lora_qwen3_0_6b_base,
     lora_qwen3_0_6b_instruct,
-    lora_qwen3_14b_base,
-    lora_qwen3_14b_instruct,
     lora_qwen3_1_7b_base,
     lora_qwen3_1_7b_instruct,
-    lora_qwen3_32b,
     lora_qwen3_4b_base,
     lora_qwen3_4b_instruct,
     lora_qwen3_8b_base,
     lora_qwen3_8b_instruct,
+    lora_qwen3_14b_base,
+    lora_qwen3_14b_instruct,
+    lora_qwen3_32b,
     qlora_qwen3_0_6b_base,
     qlora_qwen3_0_6b_instruct,
-    qlora_qwen3_14b_base,
-    qlora_qwen3_14b_instruct,
     qlora_qwen3_1_7b_base,
     qlora_qwen3_1_7b_instruct,
-    qlora_qwen3_32b,
     qlora_qwen3_4b_base,
     qlora_qwen3_4b_instruct,
     qlora_qwen3_8b_base,
     qlora_qwen3_8b_instruct,
+    qlora_qwen3_14b_base,
+    qlora_qwen3_14b_instruct,
+    qlora_qwen3_32b,
     qwen3_0_6b_base,
     qwen3_0_6b_instruct,
-    qwen3_14b_base,
-    qwen3_14b_instruct,
     qwen3_1_7b_base,
     qwen3_1_7b_instruct,
-    qwen3_32b,
     qwen3_4b_base,
     qwen3_4b_instruct,
     qwen3_8b_base,
     qwen3_8b_instruct,
+    qwen3_14b_base,
+    qwen3_14b_instruct,
+    qwen3_32b,
 )
 from tune.models.qwen3._tokenizer import qwen3_tokenizer
-from tune.models._parallel import base_qwen_tp_plan
-from tune.registry import ModelFamily, register_model_family
+from tune.registry import ModelFamily
 
-register_model_family(
-    ModelFamily(
-        name="qwen3",
-        tokenizer=qwen3_tokenizer,
-        builders={
-            "qwen3": qwen3,
-            "lora_qwen3": lora_qwen3,
-            "qwen3_0_6b_base": qwen3_0_6b_base,
-            "lora_qwen3_0_6b_base": lora_qwen3_0_6b_base,
-            "qlora_qwen3_0_6b_base": qlora_qwen3_0_6b_base,
-            "qwen3_0_6b_instruct": qwen3_0_6b_instruct,
-            "lora_qwen3_0_6b_instruct": lora_qwen3_0_6b_instruct,
-            "qlora_qwen3_0_6b_instruct": qlora_qwen3_0_6b_instruct,
-            "qwen3_1_7b_base": qwen3_1_7b_base,
-            "lora_qwen3_1_7b_base": lora_qwen3_1_7b_base,
-            "qlora_qwen3_1_7b_base": qlora_qwen3_1_7b_base,
-            "qwen3_1_7b_instruct": qwen3_1_7b_instruct,
-            "lora_qwen3_1_7b_instruct": lora_qwen3_1_7b_instruct,
-            "qlora_qwen3_1_7b_instruct": qlora_qwen3_1_7b_instruct,
-            "qwen3_4b_base": qwen3_4b_base,
-            "lora_qwen3_4b_base": lora_qwen3_4b_base,
-            "qlora_qwen3_4b_base": qlora_qwen3_4b_base,
-            "qwen3_4b_instruct": qwen3_4b_instruct,
-            "lora_qwen3_4b_instruct": lora_qwen3_4b_instruct,
-            "qlora_qwen3_4b_instruct": qlora_qwen3_4b_instruct,
-            "qwen3_8b_base": qwen3_8b_base,
-            "lora_qwen3_8b_base": lora_qwen3_8b_base,
-            "qlora_qwen3_8b_base": qlora_qwen3_8b_base,
-            "qwen3_8b_instruct": qwen3_8b_instruct,
-            "lora_qwen3_8b_instruct": lora_qwen3_8b_instruct,
-            "qlora_qwen3_8b_instruct": qlora_qwen3_8b_instruct,
-            "qwen3_14b_base": qwen3_14b_base,
-            "lora_qwen3_14b_base": lora_qwen3_14b_base,
-            "qlora_qwen3_14b_base": qlora_qwen3_14b_base,
-            "qwen3_14b_instruct": qwen3_14b_instruct,
-            "lora_qwen3_14b_instruct": lora_qwen3_14b_instruct,
-            "qlora_qwen3_14b_instruct": qlora_qwen3_14b_instruct,
-            "qwen3_32b": qwen3_32b,
-            "lora_qwen3_32b": lora_qwen3_32b,
-            "qlora_qwen3_32b": qlora_qwen3_32b,
-        },
-        hf_to_tune=qwen3_hf_to_tune,
-        tune_to_hf=qwen3_tune_to_hf,
-        hf_model_types=("qwen3",),
-        from_hf_config=qwen3_from_hf_config,
-        aliases=(),
-        tp_plan=base_qwen_tp_plan,
-    )
+FAMILY = ModelFamily(
+    name="qwen3",
+    tokenizer=qwen3_tokenizer,
+    builders=family_builders(_component_builders, _model_builders),
+    hf_to_tune=qwen3_hf_to_tune,
+    tune_to_hf=qwen3_tune_to_hf,
+    hf_model_types=("qwen3",),
+    from_hf_config=qwen3_from_hf_config,
+    aliases=(),
+    tp_plan=base_qwen_tp_plan,
 )
 
 __all__ = [

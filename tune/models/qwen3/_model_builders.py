@@ -1,31 +1,60 @@
-"""Qwen3 model builders: the released sizes, with literal dimensions from each model's ``config.json``."""
+"""Qwen3 model builders: the released sizes.
+
+``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`qwen3`) and the Hugging Face repo whose
+``config.json`` they are; the builders read it. Base and instruct releases of one size differ only in context
+length. A ``lora_*`` builder passes its own arguments on with ``**locals()`` (its first statement, so nothing but
+its parameters is there); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
+"""
 
 from collections.abc import Sequence
 
+from tune.models._common import ModelSize, qlora_builder
 from tune.models.qwen3._component_builders import lora_qwen3, qwen3
 from tune.modules import TransformerDecoder
 
+# One size per row (kept as written: the formatter would give every argument a line of its own).
+# fmt: off
+MODEL_SIZES: dict[str, ModelSize] = {
+    "qwen3_0_6b_base": ModelSize("Qwen/Qwen3-0.6B-Base", dict(
+        vocab_size=151936, num_layers=28, num_heads=16, num_kv_heads=8, embed_dim=1024, intermediate_dim=3072,
+        max_seq_len=32768, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=True)),
+    "qwen3_0_6b_instruct": ModelSize("Qwen/Qwen3-0.6B", dict(
+        vocab_size=151936, num_layers=28, num_heads=16, num_kv_heads=8, embed_dim=1024, intermediate_dim=3072,
+        max_seq_len=40960, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=True)),
+    "qwen3_1_7b_base": ModelSize("Qwen/Qwen3-1.7B-Base", dict(
+        vocab_size=151936, num_layers=28, num_heads=16, num_kv_heads=8, embed_dim=2048, intermediate_dim=6144,
+        max_seq_len=32768, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=True)),
+    "qwen3_1_7b_instruct": ModelSize("Qwen/Qwen3-1.7B", dict(
+        vocab_size=151936, num_layers=28, num_heads=16, num_kv_heads=8, embed_dim=2048, intermediate_dim=6144,
+        max_seq_len=40960, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=True)),
+    "qwen3_4b_base": ModelSize("Qwen/Qwen3-4B-Base", dict(
+        vocab_size=151936, num_layers=36, num_heads=32, num_kv_heads=8, embed_dim=2560, intermediate_dim=9728,
+        max_seq_len=32768, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=True)),
+    "qwen3_4b_instruct": ModelSize("Qwen/Qwen3-4B", dict(
+        vocab_size=151936, num_layers=36, num_heads=32, num_kv_heads=8, embed_dim=2560, intermediate_dim=9728,
+        max_seq_len=40960, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=True)),
+    "qwen3_8b_base": ModelSize("Qwen/Qwen3-8B-Base", dict(
+        vocab_size=151936, num_layers=36, num_heads=32, num_kv_heads=8, embed_dim=4096, intermediate_dim=12288,
+        max_seq_len=32768, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=False)),
+    "qwen3_8b_instruct": ModelSize("Qwen/Qwen3-8B", dict(
+        vocab_size=151936, num_layers=36, num_heads=32, num_kv_heads=8, embed_dim=4096, intermediate_dim=12288,
+        max_seq_len=40960, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=False)),
+    "qwen3_14b_base": ModelSize("Qwen/Qwen3-14B-Base", dict(
+        vocab_size=151936, num_layers=40, num_heads=40, num_kv_heads=8, embed_dim=5120, intermediate_dim=17408,
+        max_seq_len=32768, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=False)),
+    "qwen3_14b_instruct": ModelSize("Qwen/Qwen3-14B", dict(
+        vocab_size=151936, num_layers=40, num_heads=40, num_kv_heads=8, embed_dim=5120, intermediate_dim=17408,
+        max_seq_len=40960, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=False)),
+    "qwen3_32b": ModelSize("Qwen/Qwen3-32B", dict(
+        vocab_size=151936, num_layers=64, num_heads=64, num_kv_heads=8, embed_dim=5120, intermediate_dim=25600,
+        max_seq_len=40960, norm_eps=1e-6, rope_base=1_000_000.0, head_dim=128, tie_word_embeddings=False)),
+}
+# fmt: on
+
 
 def qwen3_0_6b_base() -> TransformerDecoder:
-    """Qwen3 0.6B base (dimensions of https://huggingface.co/Qwen/Qwen3-0.6B-Base).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        embed_dim=1024,
-        intermediate_dim=3072,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-    )
+    """Qwen3 0.6B base, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_0_6b_base"].dims)
 
 
 def lora_qwen3_0_6b_base(
@@ -38,87 +67,21 @@ def lora_qwen3_0_6b_base(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 0.6B base with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 0.6B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        embed_dim=1024,
-        intermediate_dim=3072,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_0_6b_base"].dims)
 
 
-def qlora_qwen3_0_6b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 0.6B base with QLoRA: :func:`lora_qwen3_0_6b_base` with ``quantize_base=True``."""
-    return lora_qwen3_0_6b_base(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_0_6b_base = qlora_builder(lora_qwen3_0_6b_base)
 
 
 def qwen3_0_6b_instruct() -> TransformerDecoder:
-    """Qwen3 0.6B instruct (dimensions of https://huggingface.co/Qwen/Qwen3-0.6B).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        embed_dim=1024,
-        intermediate_dim=3072,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-    )
+    """Qwen3 0.6B instruct, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_0_6b_instruct"].dims)
 
 
 def lora_qwen3_0_6b_instruct(
@@ -131,87 +94,21 @@ def lora_qwen3_0_6b_instruct(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 0.6B instruct with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 0.6B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        embed_dim=1024,
-        intermediate_dim=3072,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_0_6b_instruct"].dims)
 
 
-def qlora_qwen3_0_6b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 0.6B instruct with QLoRA: :func:`lora_qwen3_0_6b_instruct` with ``quantize_base=True``."""
-    return lora_qwen3_0_6b_instruct(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_0_6b_instruct = qlora_builder(lora_qwen3_0_6b_instruct)
 
 
 def qwen3_1_7b_base() -> TransformerDecoder:
-    """Qwen3 1.7B base (dimensions of https://huggingface.co/Qwen/Qwen3-1.7B-Base).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        embed_dim=2048,
-        intermediate_dim=6144,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-    )
+    """Qwen3 1.7B base, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_1_7b_base"].dims)
 
 
 def lora_qwen3_1_7b_base(
@@ -224,87 +121,21 @@ def lora_qwen3_1_7b_base(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 1.7B base with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 1.7B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        embed_dim=2048,
-        intermediate_dim=6144,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_1_7b_base"].dims)
 
 
-def qlora_qwen3_1_7b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 1.7B base with QLoRA: :func:`lora_qwen3_1_7b_base` with ``quantize_base=True``."""
-    return lora_qwen3_1_7b_base(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_1_7b_base = qlora_builder(lora_qwen3_1_7b_base)
 
 
 def qwen3_1_7b_instruct() -> TransformerDecoder:
-    """Qwen3 1.7B instruct (dimensions of https://huggingface.co/Qwen/Qwen3-1.7B).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        embed_dim=2048,
-        intermediate_dim=6144,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-    )
+    """Qwen3 1.7B instruct, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_1_7b_instruct"].dims)
 
 
 def lora_qwen3_1_7b_instruct(
@@ -317,87 +148,21 @@ def lora_qwen3_1_7b_instruct(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 1.7B instruct with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 1.7B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        embed_dim=2048,
-        intermediate_dim=6144,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_1_7b_instruct"].dims)
 
 
-def qlora_qwen3_1_7b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 1.7B instruct with QLoRA: :func:`lora_qwen3_1_7b_instruct` with ``quantize_base=True``."""
-    return lora_qwen3_1_7b_instruct(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_1_7b_instruct = qlora_builder(lora_qwen3_1_7b_instruct)
 
 
 def qwen3_4b_base() -> TransformerDecoder:
-    """Qwen3 4B base (dimensions of https://huggingface.co/Qwen/Qwen3-4B-Base).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=36,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=2560,
-        intermediate_dim=9728,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-    )
+    """Qwen3 4B base, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_4b_base"].dims)
 
 
 def lora_qwen3_4b_base(
@@ -410,87 +175,21 @@ def lora_qwen3_4b_base(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 4B base with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 4B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=36,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=2560,
-        intermediate_dim=9728,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_4b_base"].dims)
 
 
-def qlora_qwen3_4b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 4B base with QLoRA: :func:`lora_qwen3_4b_base` with ``quantize_base=True``."""
-    return lora_qwen3_4b_base(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_4b_base = qlora_builder(lora_qwen3_4b_base)
 
 
 def qwen3_4b_instruct() -> TransformerDecoder:
-    """Qwen3 4B instruct (dimensions of https://huggingface.co/Qwen/Qwen3-4B).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=36,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=2560,
-        intermediate_dim=9728,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-    )
+    """Qwen3 4B instruct, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_4b_instruct"].dims)
 
 
 def lora_qwen3_4b_instruct(
@@ -503,87 +202,21 @@ def lora_qwen3_4b_instruct(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 4B instruct with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 4B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=36,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=2560,
-        intermediate_dim=9728,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=True,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_4b_instruct"].dims)
 
 
-def qlora_qwen3_4b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 4B instruct with QLoRA: :func:`lora_qwen3_4b_instruct` with ``quantize_base=True``."""
-    return lora_qwen3_4b_instruct(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_4b_instruct = qlora_builder(lora_qwen3_4b_instruct)
 
 
 def qwen3_8b_base() -> TransformerDecoder:
-    """Qwen3 8B base (dimensions of https://huggingface.co/Qwen/Qwen3-8B-Base).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=36,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=4096,
-        intermediate_dim=12288,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-    )
+    """Qwen3 8B base, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_8b_base"].dims)
 
 
 def lora_qwen3_8b_base(
@@ -596,87 +229,21 @@ def lora_qwen3_8b_base(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 8B base with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 8B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=36,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=4096,
-        intermediate_dim=12288,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_8b_base"].dims)
 
 
-def qlora_qwen3_8b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 8B base with QLoRA: :func:`lora_qwen3_8b_base` with ``quantize_base=True``."""
-    return lora_qwen3_8b_base(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_8b_base = qlora_builder(lora_qwen3_8b_base)
 
 
 def qwen3_8b_instruct() -> TransformerDecoder:
-    """Qwen3 8B instruct (dimensions of https://huggingface.co/Qwen/Qwen3-8B).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=36,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=4096,
-        intermediate_dim=12288,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-    )
+    """Qwen3 8B instruct, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_8b_instruct"].dims)
 
 
 def lora_qwen3_8b_instruct(
@@ -689,87 +256,21 @@ def lora_qwen3_8b_instruct(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 8B instruct with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 8B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=36,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=4096,
-        intermediate_dim=12288,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_8b_instruct"].dims)
 
 
-def qlora_qwen3_8b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 8B instruct with QLoRA: :func:`lora_qwen3_8b_instruct` with ``quantize_base=True``."""
-    return lora_qwen3_8b_instruct(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_8b_instruct = qlora_builder(lora_qwen3_8b_instruct)
 
 
 def qwen3_14b_base() -> TransformerDecoder:
-    """Qwen3 14B base (dimensions of https://huggingface.co/Qwen/Qwen3-14B-Base).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=40,
-        num_heads=40,
-        num_kv_heads=8,
-        embed_dim=5120,
-        intermediate_dim=17408,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-    )
+    """Qwen3 14B base, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_14b_base"].dims)
 
 
 def lora_qwen3_14b_base(
@@ -782,87 +283,21 @@ def lora_qwen3_14b_base(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 14B base with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 14B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=40,
-        num_heads=40,
-        num_kv_heads=8,
-        embed_dim=5120,
-        intermediate_dim=17408,
-        max_seq_len=32768,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_14b_base"].dims)
 
 
-def qlora_qwen3_14b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 14B base with QLoRA: :func:`lora_qwen3_14b_base` with ``quantize_base=True``."""
-    return lora_qwen3_14b_base(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_14b_base = qlora_builder(lora_qwen3_14b_base)
 
 
 def qwen3_14b_instruct() -> TransformerDecoder:
-    """Qwen3 14B instruct (dimensions of https://huggingface.co/Qwen/Qwen3-14B).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=40,
-        num_heads=40,
-        num_kv_heads=8,
-        embed_dim=5120,
-        intermediate_dim=17408,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-    )
+    """Qwen3 14B instruct, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_14b_instruct"].dims)
 
 
 def lora_qwen3_14b_instruct(
@@ -875,87 +310,21 @@ def lora_qwen3_14b_instruct(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 14B instruct with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 14B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=40,
-        num_heads=40,
-        num_kv_heads=8,
-        embed_dim=5120,
-        intermediate_dim=17408,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_14b_instruct"].dims)
 
 
-def qlora_qwen3_14b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 14B instruct with QLoRA: :func:`lora_qwen3_14b_instruct` with ``quantize_base=True``."""
-    return lora_qwen3_14b_instruct(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_14b_instruct = qlora_builder(lora_qwen3_14b_instruct)
 
 
 def qwen3_32b() -> TransformerDecoder:
-    """Qwen3 32B (dimensions of https://huggingface.co/Qwen/Qwen3-32B).
-
-    Returns:
-        TransformerDecoder: the model, randomly initialised; load weights with ``tune.models.from_hf`` or a
-        checkpointer.
-    """
-    return qwen3(
-        vocab_size=151936,
-        num_layers=64,
-        num_heads=64,
-        num_kv_heads=8,
-        embed_dim=5120,
-        intermediate_dim=25600,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-    )
+    """Qwen3 32B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return qwen3(**MODEL_SIZES["qwen3_32b"].dims)
 
 
 def lora_qwen3_32b(
@@ -968,62 +337,13 @@ def lora_qwen3_32b(
     use_dora: bool = False,
     quantize_base: bool = False,
 ) -> TransformerDecoder:
-    """Qwen3 32B with LoRA adapters (see :func:`lora_qwen3`).
+    """Qwen3 32B with fresh LoRA adapters (:func:`lora_qwen3` at this size).
 
     Args:
-        lora_attn_modules (Sequence[str]): attention projections to adapt, from
-            ``q_proj, k_proj, v_proj, output_proj``.
-        apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        lora_rank (int): adapter rank. Default 8.
-        lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
-        lora_dropout (float): dropout on the adapter input. Default 0.0.
-        use_dora (bool): DoRA instead of LoRA. Default False.
-        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
-
-    Returns:
-        TransformerDecoder: the model with fresh adapters.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_qwen3`.
     """
-    return lora_qwen3(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        vocab_size=151936,
-        num_layers=64,
-        num_heads=64,
-        num_kv_heads=8,
-        embed_dim=5120,
-        intermediate_dim=25600,
-        max_seq_len=40960,
-        norm_eps=1e-6,
-        rope_base=1_000_000.0,
-        head_dim=128,
-        tie_word_embeddings=False,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        use_dora=use_dora,
-        quantize_base=quantize_base,
-    )
+    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_32b"].dims)
 
 
-def qlora_qwen3_32b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 32B with QLoRA: :func:`lora_qwen3_32b` with ``quantize_base=True``."""
-    return lora_qwen3_32b(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base=True,
-    )
+qlora_qwen3_32b = qlora_builder(lora_qwen3_32b)
