@@ -1,43 +1,17 @@
-"""Multi-head attention with grouped key/value heads (MHA, GQA and MQA in one module)."""
+"""Multi-head attention with grouped key/value heads (MHA, GQA and MQA in one module).
 
-import weakref
+``MultiHeadAttention.forward`` reads as the computation: projections, RoPE, KV cache, scaled dot-product attention,
+output projection. One faster route is kept apart: on CPU, a packed batch (block-causal mask) attends one document
+at a time, with the same result; ``_packed_attention`` explains it, and ``split_packed_documents = False`` on a
+layer turns it off.
+"""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tune.modules._kv_cache import KVCache
-
-# A packed batch passes the same mask object to every layer: its document spans are found once and reused.
-_spans_cache: tuple[weakref.ref, int, list[int] | None] | None = None
-# Splitting attention into documents pays off only when documents are not tiny (one SDPA call per document).
-_MIN_MEAN_DOCUMENT_LEN = 16
-
-
-def _document_spans(mask: torch.Tensor) -> list[int] | None:
-    """Lengths of the documents that tile the flattened ``[b * s]`` positions, if ``mask`` is block-causal.
-
-    ``mask`` [b, s, s] is block-causal when every query attends exactly the keys from the start of its own
-    contiguous run (document) up to itself: what packing produces (padding being a last run). Then attention
-    within each document with ``is_causal=True`` computes the same thing as attention with the mask, while
-    skipping every block of the ``s x s`` scores that the mask zeroes. Returns None for any other mask, or when
-    the documents are too short on average for one attention call each to pay off.
-    """
-    global _spans_cache
-    if _spans_cache is not None and _spans_cache[0]() is mask and _spans_cache[1] == mask._version:
-        return _spans_cache[2]
-    batch_size, seq_len, _ = mask.shape
-    positions = torch.arange(seq_len, device=mask.device)
-    first_key = mask.to(torch.uint8).argmax(-1)  # [b, s] first key each query may attend
-    run_start = torch.where(first_key == positions, positions, 0).cummax(-1).values  # [b, s] start of its run
-    expected = (positions >= run_start[..., None]) & (positions <= positions[:, None])  # [b, s, s]
-    spans = None
-    if torch.equal(first_key, run_start) and torch.equal(mask, expected):
-        starts = (first_key == positions).flatten().nonzero().flatten().tolist() + [batch_size * seq_len]
-        if len(starts) - 1 <= batch_size * seq_len / _MIN_MEAN_DOCUMENT_LEN:
-            spans = [end - start for start, end in zip(starts, starts[1:])]
-    _spans_cache = (weakref.ref(mask), mask._version, spans)
-    return spans
+from tune.modules._packed_attention import MaskSpans, attend_documents, is_candidate_mask
 
 
 class MultiHeadAttention(nn.Module):
@@ -48,6 +22,10 @@ class MultiHeadAttention(nn.Module):
     Attention runs through ``F.scaled_dot_product_attention`` (its ``is_causal`` fast path when no mask is needed),
     except with logit soft-capping, which SDPA cannot express and which therefore uses an explicit float32
     softmax.
+
+    ``split_packed_documents`` (default True) lets a packed batch on CPU attend one document at a time (see
+    ``tune.modules._packed_attention``: same result, faster); set it to False on a layer to always run the one
+    masked SDPA call (for tests and debugging).
 
     Args:
         embed_dim (int): model width.
@@ -129,6 +107,8 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = q_norm
         self.k_norm = k_norm
         self.kv_cache = kv_cache
+        # False always runs one masked SDPA call, never the per-document attention of `_packed_attention`.
+        self.split_packed_documents = True
 
     def setup_cache(self, batch_size: int, dtype: torch.dtype, max_seq_len: int | None = None) -> None:
         """Allocates a KV cache (on the device of ``q_proj``'s parameters) for generation."""
@@ -164,61 +144,52 @@ class MultiHeadAttention(nn.Module):
             torch.Tensor: [b, s, embed_dim].
         """
         batch_size, seq_len, _ = x.shape
+        # projections, [b, s, heads, head_dim]
         q = self.q_proj(x).view(batch_size, seq_len, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(batch_size, seq_len, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch_size, seq_len, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        # position embedding, after the tokens already in the cache
         offset = self.kv_cache.size if self.kv_cache is not None else 0
         if self.pos_embeddings is not None:
             if input_pos is None and offset:
                 input_pos = torch.arange(offset, offset + seq_len, device=x.device).expand(batch_size, seq_len)
             q = self.pos_embeddings(q, input_pos=input_pos)
             k = self.pos_embeddings(k, input_pos=input_pos)
-        spans = self._document_spans(mask, x, offset)
-        if spans is not None:
-            out = self._attend_documents(q, k, v, spans)  # [b * s, num_heads, head_dim]
-            return self.output_proj(out.view(batch_size, seq_len, self.num_heads * self.head_dim))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, head_dim]
+        # KV cache: the keys and values of earlier steps join this step's
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(k, v)  # [b, num_kv_heads, s_kv, head_dim]
-        attn_mask = self._build_mask(mask, seq_len, k.shape[2], offset, x.device)
-        out = self._attend(q, k, v, attn_mask)  # [b, num_heads, s, head_dim]
+        # attention
+        out = self._attend(q, k, v, mask, offset)  # [b, num_heads, s, head_dim]
+        # output projection
         out = out.transpose(1, 2).reshape(batch_size, seq_len, self.num_heads * self.head_dim)
         return self.output_proj(out)
 
-    def _document_spans(self, mask: torch.Tensor | None, x: torch.Tensor, offset: int) -> list[int] | None:
-        # Only on CPU, where reading the spans costs no host-device synchronisation, for plain attention without a
-        # cache; training on packed data is the case this serves.
-        if mask is None or x.device.type != "cpu" or self.kv_cache is not None or offset:
-            return None
-        if torch.compiler.is_compiling():
-            return None  # data-dependent document lengths would recompile the graph for every batch
-        if self.sliding_window is not None or self.softcapping is not None or not self.is_causal:
-            return None
-        if mask.dim() != 3 or mask.dtype != torch.bool or mask.shape[1] != mask.shape[2] or mask.shape[1] != x.shape[1]:
-            return None  # _build_mask reports malformed masks
-        return _document_spans(mask)
-
-    def _attend_documents(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: list[int]) -> torch.Tensor:
-        """Causal attention within each document of a packed batch; q/k/v [b, s, heads, head_dim]."""
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, offset: int
+    ) -> torch.Tensor:
+        """Scaled dot-product attention of q [b, num_heads, s, head_dim] over k, v [b, num_kv_heads, s_kv, head_dim]."""
         dropout = self.attn_dropout if self.training else 0.0
-        # documents tile the flattened positions, so splitting [b * s, heads, head_dim] along dim 0 gives views,
-        # whose gradients backward reassembles with one concatenation
-        pieces = zip(*(t.flatten(0, 1).split(spans) for t in (q, k, v)))
-        outputs = [
-            F.scaled_dot_product_attention(
-                q_doc.transpose(0, 1).unsqueeze(0),  # [1, heads, doc_len, head_dim]
-                k_doc.transpose(0, 1).unsqueeze(0),
-                v_doc.transpose(0, 1).unsqueeze(0),
-                dropout_p=dropout,
-                is_causal=True,
-                scale=self.scale,
-                enable_gqa=self.num_kv_heads != self.num_heads,
-            ).squeeze(0).transpose(0, 1)  # [doc_len, heads, head_dim]; squeeze's backward is a view, not a copy
-            for q_doc, k_doc, v_doc in pieces
-        ]
-        return torch.cat(outputs)
+        enable_gqa = self.num_kv_heads != self.num_heads
+        spans = self._packed_document_spans(mask, q)
+        if spans is not None:  # a packed batch on CPU: one causal call per document, same result (_packed_attention)
+            return attend_documents(q, k, v, spans, scale=self.scale, dropout_p=dropout, enable_gqa=enable_gqa)
+        attn_mask = self._build_mask(mask, q.shape[2], k.shape[2], offset, q.device)
+        if self.softcapping is not None:
+            return self._softcapped_attention(q, k, v, attn_mask, dropout)
+        is_causal = attn_mask is None and self.is_causal and q.shape[2] == k.shape[2]
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=dropout,
+            is_causal=is_causal,
+            scale=self.scale,
+            enable_gqa=enable_gqa,
+        )
 
     def _build_mask(
         self, mask: torch.Tensor | None, seq_len: int, kv_len: int, offset: int, device: torch.device
@@ -257,24 +228,6 @@ class MultiHeadAttention(nn.Module):
             return mask[:, :, :kv_len]  # a mask over the whole cache capacity: only filled entries matter
         return F.pad(mask, (0, kv_len - mask.shape[2]), value=False)
 
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        dropout = self.attn_dropout if self.training else 0.0
-        if self.softcapping is not None:
-            return self._softcapped_attention(q, k, v, attn_mask, dropout)
-        is_causal = attn_mask is None and self.is_causal and q.shape[2] == k.shape[2]
-        return F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=dropout,
-            is_causal=is_causal,
-            scale=self.scale,
-            enable_gqa=self.num_kv_heads != self.num_heads,
-        )
-
     def _softcapped_attention(
         self,
         q: torch.Tensor,
@@ -294,3 +247,31 @@ class MultiHeadAttention(nn.Module):
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         probs = F.dropout(probs, p=dropout, training=self.training)
         return torch.matmul(probs, v)
+
+    def _packed_document_spans(self, mask: torch.Tensor | None, q: torch.Tensor) -> list[int] | None:
+        """The document lengths of a packed batch that may attend one document at a time, else None."""
+        if not self.split_packed_documents or self.kv_cache is not None:
+            return None
+        if not self.is_causal or self.sliding_window is not None or self.softcapping is not None:
+            return None  # attend_documents computes plain causal attention
+        if not is_candidate_mask(mask, q):
+            return None
+        return _document_spans(mask)
+
+
+# The per-document path for packed batches (see _packed_attention): its threshold, and the spans of the last mask
+# seen. Every layer of a model receives the same mask object, so the first layer finds its spans (a pass over the
+# [b, s, s] mask and a read of the document starts) and the others reuse them.
+
+# Below this mean document length, one SDPA call per document costs more than the masked blocks it skips.
+_MIN_MEAN_DOCUMENT_LEN = 16
+# One entry, for the last mask seen, which it holds weakly; None before the first.
+_spans_cache: MaskSpans | None = None
+
+
+def _document_spans(mask: torch.Tensor) -> list[int] | None:
+    """The document lengths of a block-causal ``mask`` [b, s, s] (``_packed_attention.document_spans``), cached."""
+    global _spans_cache
+    if _spans_cache is None or not _spans_cache.matches(mask, _MIN_MEAN_DOCUMENT_LEN):
+        _spans_cache = MaskSpans.find(mask, _MIN_MEAN_DOCUMENT_LEN)
+    return _spans_cache.spans

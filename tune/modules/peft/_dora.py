@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tune.modules.peft._lora import _check_lora_args, _quantize_loaded_base_weight, dequantize, to_nf4
+from tune.modules.peft._lora import _check_lora_args
+from tune.modules.peft._nf4 import dequantize, quantize_loaded_base_weight, to_nf4
 
 
 class DoRALinear(nn.Module):
@@ -71,7 +72,7 @@ class DoRALinear(nn.Module):
         self.lora_b = nn.Linear(rank, out_dim, bias=False)
         self.magnitude = nn.Parameter(torch.empty(out_dim))
         if quantize_base:
-            self.register_load_state_dict_pre_hook(_quantize_loaded_base_weight)
+            self.register_load_state_dict_pre_hook(quantize_loaded_base_weight)
         self.initialize_parameters()
         self.initialize_dora_magnitude()
 
