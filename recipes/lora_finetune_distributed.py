@@ -18,11 +18,8 @@ torch.distributed.checkpoint (``output_dir/dcp/step_N/``). The file reads top to
 ``lora_finetune_single_device.py``, of which it keeps the structure, the config keys and ``loss_step``.
 """
 
-import contextlib
-import inspect
 import logging
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,31 +37,30 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.utils.data import DataLoader
 
-from tune import config, registry, training, utils
-from tune.data import CROSS_ENTROPY_IGNORE_IDX, padded_collate_packed, padded_collate_sft
+from tune import config, training, utils
+from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
-from tune.modules.loss import CEWithChunkedOutputLoss, LinearCrossEntropyLoss, shift_labels
+from tune.modules.loss import shift_labels
 from tune.modules.peft import (
-    DoRALinear,
-    LoRALinear,
+    get_adapter_config,
     get_adapter_params,
     get_adapter_state_dict,
     get_merged_lora_ckpt,
+    initialize_dora_magnitudes,
     is_adapter_key,
     set_trainable_params,
     validate_missing_and_unexpected_for_lora,
 )
-from tune.training.checkpointing import (
-    DistributedCheckpointer,
-    StatefulDistributedSampler,
-    get_rng_state,
-    set_rng_state,
-)
+from tune.training.checkpointing import DistributedCheckpointer, StatefulDistributedSampler
 
-RECIPE_INFO = {"supports_distributed": True, "configs": ["*/*_lora", "*/*_qlora", "*/*_dora"]}
+RECIPE_INFO = {
+    "supports_distributed": True,
+    "configs": ["*/*_lora", "*/*_qlora"],
+    # the optional keys this recipe reads: filled in from tune.config.OPTIONAL_KEYS where a config leaves them out
+    "optional_keys": ["finetune", "lora", "distributed"],
+}
 
 log = utils.get_logger("tune.recipes.lora_finetune_distributed")
-SCHEDULE_KEY = "finetuning_schedule"
 PROGRESS_KEY = "progress"
 
 
@@ -92,111 +88,59 @@ class LoRAFinetuneRecipeDistributed:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
+        config.check_training_config(cfg, distributed=True)  # every problem of the settings at once
         self._device = utils.get_device(cfg.device)
         self._dtype = utils.get_dtype(cfg.dtype, device=self._device)
         if self._device.type == "cpu":
             training.configure_cpu_allocator()  # freed activations stay in the heap for the next step
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
-        self._save_adapter_weights_only = cfg.get("save_adapter_weights_only", False)
-        # keys that torchtune's configs may leave out are read with torchtune's defaults
-        self._log_every_n_steps = cfg.get("log_every_n_steps", 1)
-        self._log_peak_memory_stats = cfg.get("log_peak_memory_stats", False)
-        self._clip_grad_norm = cfg.get("clip_grad_norm", None)
-        self._compile = cfg.get("compile", False)
-        self._optimizer_in_bwd = cfg.get("optimizer_in_bwd", False)
-        self._enable_activation_checkpointing = cfg.get("enable_activation_checkpointing", False)
-        self._enable_activation_offloading = cfg.get("enable_activation_offloading", False)
-        self._tensor_parallel_dim = cfg.get("tensor_parallel_dim", 1)
-        self._fsdp_cpu_offload = cfg.get("fsdp_cpu_offload", False)
-        self._fsdp_reshard_after_forward = cfg.get("fsdp_reshard_after_forward", True)
-        # keys of ours that torchtune's configs lack: off unless set
-        self._save_every_n_steps = cfg.get("save_every_n_steps", None)
-        self._run_val_every_n_steps = cfg.get("run_val_every_n_steps", None)
-        self._max_validation_steps = cfg.get("max_validation_steps", None)
-
+        self._save_adapter_weights_only = cfg.save_adapter_weights_only
+        self._log_every_n_steps = cfg.log_every_n_steps
+        self._log_peak_memory_stats = cfg.log_peak_memory_stats
+        self._clip_grad_norm = cfg.clip_grad_norm
+        self._compile = cfg.compile
+        self._enable_activation_checkpointing = cfg.enable_activation_checkpointing
+        self._enable_activation_offloading = cfg.enable_activation_offloading
+        self._tensor_parallel_dim = cfg.tensor_parallel_dim
+        self._fsdp_cpu_offload = cfg.fsdp_cpu_offload
+        self._fsdp_reshard_after_forward = cfg.fsdp_reshard_after_forward
+        self._save_every_n_steps = cfg.save_every_n_steps
+        self._run_val_every_n_steps = cfg.run_val_every_n_steps
+        self._max_validation_steps = cfg.max_validation_steps
         self._epochs = cfg.epochs
         self._max_steps_per_epoch = cfg.max_steps_per_epoch
         self._gradient_accumulation_steps = cfg.gradient_accumulation_steps
-        self._check_config(cfg)
+        self._finetuning_schedule = None  # gradual unfreezing: set up once the optimizer exists
+        if cfg.finetuning_schedule is not None:
+            self._finetuning_schedule = training.FinetuningSchedule(
+                cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition
+            )
+        self._init_distributed(cfg)
         self._seed = training.set_seed(training.sync_seed(cfg.seed))  # the same on every rank
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
         self._loss_since_log = torch.zeros((), dtype=torch.float32, device=self._device)  # summed step losses
+        # a NaN/inf loss on any rank stops every rank at the same step
+        self._loss_check = training.FiniteLossCheck(self._device, all_reduce=training.all_reduce_sum)
 
-    def _check_config(self, cfg: DictConfig) -> None:
-        problems = []  # every problem at once, each with its key, reported without a traceback
-        accumulate = self._gradient_accumulation_steps
-        if not isinstance(accumulate, int) or accumulate < 1:
-            problems.append(config.ConfigProblem("gradient_accumulation_steps", "must be an integer >= 1", accumulate))
-        if self._optimizer_in_bwd:
-            problems.append(config.ConfigProblem(
-                "optimizer_in_bwd",
-                "is not supported by the distributed recipes (FSDP2 already shards the optimizer state across "
-                "ranks); set optimizer_in_bwd: False",
-                True,
-            ))
-        if not isinstance(self._log_every_n_steps, int) or self._log_every_n_steps < 1:
-            problems.append(
-                config.ConfigProblem("log_every_n_steps", "must be an integer >= 1", self._log_every_n_steps)
-            )
-        for key in ("save_every_n_steps", "run_val_every_n_steps", "max_validation_steps"):
-            value = cfg.get(key, None)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                problems.append(config.ConfigProblem(key, "must be a positive integer, or null to turn it off", value))
-        if self._run_val_every_n_steps is not None and cfg.get("dataset_val", None) is None:
-            problems.append(config.ConfigProblem("dataset_val", "is missing: run_val_every_n_steps needs a dataset"))
-        problems += self._check_extensions(cfg)
-        problems += self._init_distributed(cfg)
-        if problems:
-            raise config.ConfigError(problems)
-
-    def _check_extensions(self, cfg: DictConfig) -> list[config.ConfigProblem]:
-        # model_converters and finetuning_schedule are checked before anything is loaded or built; the schedule
-        # object is made here (its constructor checks the phases) and set up once the optimizer exists
-        problems = []
-        converters = cfg.get("model_converters", None) or []
-        try:  # the order rule is checked on the converter classes
-            training.validate_converter_order([
-                config.get_component_from_path(c.get("_component_"), f"model_converters[{i}]._component_")
-                for i, c in enumerate(converters)
-            ])
-        except config.ConfigError as err:
-            problems += err.problems
-        except (TypeError, ValueError) as err:
-            problems.append(config.ConfigProblem("model_converters", str(err)))
-        self._finetuning_schedule = None
-        if cfg.get("finetuning_schedule", None) is not None:
-            try:
-                self._finetuning_schedule = training.FinetuningSchedule(
-                    cfg.finetuning_schedule, cfg.get("finetuning_schedule_auto_transition", None)
-                )
-            except ValueError as err:
-                problems.append(config.ConfigProblem("finetuning_schedule", str(err)))
-        return problems
-
-    def _init_distributed(self, cfg: DictConfig) -> list[config.ConfigProblem]:
+    def _init_distributed(self, cfg: DictConfig) -> None:
         # the process group (from torchrun's environment) and the (dp_shard, tp) mesh over it
-        backend = cfg.get("dist_backend", None)
+        backend = cfg.dist_backend
         if backend is None and self._device.type == "cuda":
             backend = "cuda:nccl,cpu:gloo"  # NCCL for the model's tensors, gloo for CPU-side state (DCP)
-        try:
+        with config.errors_at("dist_backend", backend):
             training.init_distributed(backend)
-        except ValueError as err:
-            return [config.ConfigProblem("dist_backend", str(err), backend)]
         self._world_size, self._rank = dist.get_world_size(), dist.get_rank()
         self._is_rank_zero = self._rank == 0
-        try:
+        with config.errors_at("tensor_parallel_dim", self._tensor_parallel_dim):
             self._mesh = training.init_device_mesh(self._world_size, self._tensor_parallel_dim, self._device.type)
-        except ValueError as err:
-            return [config.ConfigProblem("tensor_parallel_dim", str(err), self._tensor_parallel_dim)]
         self._dp_rank, self._dp_size = training.data_parallel_rank_and_size(self._mesh)
         self._tp_size = training.tensor_parallel_size(self._mesh)
         log_info(
             "%d processes: %d data-parallel shard(s) x %d tensor-parallel rank(s), backend %s.",
             self._world_size, self._dp_size, self._tp_size, dist.get_backend(),
         )
-        return []
 
     # ------------------------------------------------------------------------------------------------ checkpoint
 
@@ -235,7 +179,6 @@ class LoRAFinetuneRecipeDistributed:
         Args:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
-        self._mean_loss_since_log()  # never save diverged weights (raises on every rank alike)
         if self.global_step < self._total_steps:
             self._dcp_checkpointer.save_checkpoint(
                 self._sharded_state(epoch), epoch=self.epochs_run, step=self.global_step, config=self._cfg
@@ -251,7 +194,7 @@ class LoRAFinetuneRecipeDistributed:
             if not self._save_adapter_weights_only:
                 # the merged model has the base architecture: it loads without any LoRA code
                 state[training.MODEL_KEY] = get_merged_lora_ckpt(
-                    full_state, rank=self._lora_rank, alpha=self._lora_alpha
+                    full_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"]
                 )
             self._checkpointer.save_checkpoint(
                 state,
@@ -274,34 +217,37 @@ class LoRAFinetuneRecipeDistributed:
         return {k: v for k, v in get_model_state_dict(self._model).items() if is_adapter_key(k)}
 
     def _progress_state(self, epoch: int) -> dict[str, Any]:
-        steps_in_epoch = self.global_step - epoch * self._steps_per_epoch
-        samples_per_step = self._gradient_accumulation_steps * self._batch_size
-        state = {
-            training.LR_SCHEDULER_KEY: self._lr_scheduler.state_dict() if self._lr_scheduler is not None else None,
-            training.SEED_KEY: self._seed,
-            training.EPOCHS_KEY: self.epochs_run,
-            training.TOTAL_EPOCHS_KEY: self._epochs,
-            training.MAX_STEPS_KEY: self._max_steps_per_epoch,
-            training.STEPS_KEY: self.global_step,
-            training.DATALOADER_KEY: self._sampler.state_dict(num_consumed=steps_in_epoch * samples_per_step),
-            training.RNG_KEY: get_rng_state(),  # every rank draws the same random numbers: rank 0's is saved
-        }
-        if self._finetuning_schedule is not None:
-            state[SCHEDULE_KEY] = self._finetuning_schedule.state_dict()
-        return state
+        return training.progress_state(
+            seed=self._seed,
+            epochs_run=self.epochs_run,
+            total_epochs=self._epochs,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            global_step=self.global_step,
+            steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
+            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
+            sampler=self._sampler,
+            lr_scheduler=self._lr_scheduler,
+            finetuning_schedule=self._finetuning_schedule,
+        )
 
     def _restore_recipe_state(self) -> None:
         progress = self._dcp_checkpointer.load_checkpoint({PROGRESS_KEY: self._progress_state(0)})[PROGRESS_KEY]
-        if progress[training.SEED_KEY] != self._seed or progress[training.MAX_STEPS_KEY] != self._max_steps_per_epoch:
-            log.warning(
-                "Resuming with seed=%s, max_steps_per_epoch=%s but the checkpoint was written with %s, %s: the "
-                "resumed run will not see the data an uninterrupted run would.",
-                self._seed, self._max_steps_per_epoch, progress[training.SEED_KEY], progress[training.MAX_STEPS_KEY],
-            )
-        if self._finetuning_schedule is not None and progress.get(SCHEDULE_KEY) is not None:
-            # before the optimizer's state: the phase's param groups must exist for it to load into
-            for line in self._finetuning_schedule.load_state_dict(progress[SCHEDULE_KEY]):
-                log_info(line)
+        self.epochs_run, self.global_step = training.restore_progress(
+            progress,
+            seed=self._seed,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            sampler=self._sampler,  # its position is per data-parallel rank: resumes only with as many of them
+            load_optimizer=self._load_sharded_state,
+            lr_scheduler=self._lr_scheduler,
+            finetuning_schedule=self._finetuning_schedule,
+            logger=log,
+        )
+        log_info(
+            "Resumed from %s after %d optimizer steps (%d epochs complete).",
+            self._dcp_checkpointer.resume_dir, self.global_step, self.epochs_run,
+        )
+
+    def _load_sharded_state(self) -> None:
         state = {
             training.MODEL_KEY: self._adapter_state(),
             training.OPT_KEY: self._saved_optimizer_state(),
@@ -311,18 +257,6 @@ class LoRAFinetuneRecipeDistributed:
         # strict=False: the parameters left out by _saved_optimizer_state keep no state, as in the first run
         set_optimizer_state_dict(
             self._model, self._optimizer, state[training.OPT_KEY], options=StateDictOptions(strict=False)
-        )
-        if self._lr_scheduler is not None and progress[training.LR_SCHEDULER_KEY] is not None:
-            self._lr_scheduler.load_state_dict(progress[training.LR_SCHEDULER_KEY])
-        try:  # the data position is per data-parallel rank: it resumes only with as many of them as before
-            self._sampler.load_state_dict(progress[training.DATALOADER_KEY])
-        except ValueError as err:
-            raise config.ConfigError(config.ConfigProblem("resume_from_checkpoint", str(err), True)) from err
-        self.epochs_run, self.global_step = progress[training.EPOCHS_KEY], progress[training.STEPS_KEY]
-        set_rng_state(progress[training.RNG_KEY])  # last: setup drew random numbers that the first run did not
-        log_info(
-            "Resumed from %s after %d optimizer steps (%d epochs complete).",
-            self._dcp_checkpointer.resume_dir, self.global_step, self.epochs_run,
         )
 
     def _saved_optimizer_state(self) -> dict[str, Any]:
@@ -341,41 +275,32 @@ class LoRAFinetuneRecipeDistributed:
     def setup(self, cfg: DictConfig) -> None:
         """Builds the metric logger, model, tokenizer, optimizer, loss, data, LR scheduler and profiler."""
         self._cfg = cfg
-        self._keep_last_n_checkpoints = cfg.get("keep_last_n_checkpoints", None)
+        self._keep_last_n_checkpoints = cfg.keep_last_n_checkpoints
         self._metric_logger = config.instantiate(cfg.metric_logger)  # writes on rank 0 only
         self._metric_logger.log_config(cfg)
         ckpt = self.load_checkpoint(cfg.checkpointer)
-        self._model_converters = config.instantiate(cfg.get("model_converters", None)) or []
+        self._model_converters = config.instantiate(cfg.model_converters) or []
         self._model = self._setup_model(cfg, ckpt[training.MODEL_KEY], ckpt.get(training.ADAPTER_KEY))
         del ckpt  # the memory-mapped full weights: every rank keeps only its shards
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._optimizer = config.instantiate(cfg.optimizer, self._trainable_params())
         training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
-        self._loss_fn = self._setup_loss(cfg.loss)
+        self._loss_fn = training.prepare_loss(config.instantiate(cfg.loss), self._model, compile=self._compile)
         self._batch_size = cfg.batch_size
-        collate_cfg = cfg.get("collate_fn", None)  # ours: a function path or a collator class with kwargs
-        self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, collate_cfg)
+        self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
-        if cfg.get("dataset_val", None) is not None:
+        if cfg.dataset_val is not None:
             _, self._val_dataloader = self._setup_data(
-                cfg.dataset_val, False, cfg.batch_size, collate_cfg, drop_last=False
+                cfg.dataset_val, False, cfg.batch_size, cfg.collate_fn, drop_last=False
             )
-        batches_per_epoch = len(self._dataloader) // self._gradient_accumulation_steps
-        self._steps_per_epoch = batches_per_epoch
-        if self._max_steps_per_epoch is not None:
-            self._steps_per_epoch = min(batches_per_epoch, self._max_steps_per_epoch)
-        if self._steps_per_epoch < 1:
-            raise config.ConfigError(config.ConfigProblem(
-                "batch_size",
-                f"each of the {self._dp_size} data-parallel ranks gets {len(self._dataloader)} full batches, fewer "
-                f"than gradient_accumulation_steps={self._gradient_accumulation_steps}: not one optimizer step per "
-                "epoch. Lower batch_size or gradient_accumulation_steps, use fewer processes, or use more data",
-                cfg.batch_size,
-            ))
+        with config.errors_at("batch_size", cfg.batch_size):
+            self._steps_per_epoch = training.steps_per_epoch(
+                len(self._dataloader), self._gradient_accumulation_steps, self._max_steps_per_epoch, self._dp_size
+            )
         self._total_steps = self._epochs * self._steps_per_epoch
-        self._lr_scheduler = self._setup_lr_scheduler(cfg.get("lr_scheduler", None))
+        self._lr_scheduler = config.instantiate_lr_scheduler(cfg.lr_scheduler, self._optimizer, self._total_steps)
         self._setup_finetuning_schedule()
-        self._profiler = self._setup_profiler(cfg.get("profiler", None))
+        self._profiler = config.instantiate(cfg.profiler) if cfg.profiler is not None else training.DummyProfiler()
         if self._resume:
             self._restore_recipe_state()
         config.save_config(cfg, self._output_dir)
@@ -390,17 +315,20 @@ class LoRAFinetuneRecipeDistributed:
         training.init_adapters(model, self._shard_device())
         set_trainable_params(model, adapter_params)  # only the adapters learn
         model = self._apply_model_converters(model)
-        if self._tp_size > 1:
-            try:  # refused for LoRA layers, with the reason
-                training.apply_tensor_parallel(model, self._tp_plan(cfg, model), self._mesh["tp"])
-            except ValueError as err:
-                raise config.ConfigError(config.ConfigProblem("tensor_parallel_dim", str(err), self._tp_size)) from err
+        if self._tp_size > 1:  # refused for LoRA layers, with the reason
+            with config.errors_at("tensor_parallel_dim", self._tp_size):
+                plan = config.instantiate_tensor_parallel_plan(
+                    cfg.tensor_parallel_plan, model, cfg.checkpointer.get("model_type")
+                )
+                training.apply_tensor_parallel(model, plan, self._mesh["tp"])
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         self._shard_and_load(cfg, model, base_state_dict, adapter_state_dict)
         if self._compile:
             training.compile_model(model)
-        self._activations_ctx = self._activation_offloading_ctx()
+        self._activations_ctx = training.activation_offloading_context(
+            self._enable_activation_offloading, self._device
+        )
         num_params = sum(p.numel() for p in model.parameters())  # DTensors report their full sizes
         num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log_info(
@@ -418,11 +346,7 @@ class LoRAFinetuneRecipeDistributed:
                 "builder, or the full_finetune_distributed recipe",
                 cfg_model._component_,
             ))
-        # rank and alpha as built (a builder may default them): every adapter layer of a builder shares them
-        layer = next(m for m in model.modules() if isinstance(m, (LoRALinear, DoRALinear)))
-        self._lora_rank, self._lora_alpha = layer.rank, layer.alpha
-        dropout = layer.dropout.p if isinstance(layer.dropout, nn.Dropout) else 0.0
-        self._adapter_config = {"r": self._lora_rank, "lora_alpha": self._lora_alpha, "lora_dropout": dropout}
+        self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
         return adapter_params
 
     def _shard_and_load(
@@ -432,10 +356,10 @@ class LoRAFinetuneRecipeDistributed:
         base_state_dict: dict[str, Any],
         adapter_state_dict: dict[str, Any] | None,
     ) -> None:
-        fsdp_dtypes = cfg.get("fsdp_mixed_precision", None) or {}
+        fsdp_dtypes = cfg.fsdp_mixed_precision or {}
         training.shard_model(
             model,
-            self._shard_conditions(cfg, model),
+            training.family_shard_conditions(model, cfg.checkpointer.get("model_type")),
             cpu_offload=self._fsdp_cpu_offload,
             reshard_after_forward=self._fsdp_reshard_after_forward,
             param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
@@ -448,9 +372,7 @@ class LoRAFinetuneRecipeDistributed:
         )
         device, offload = self._device, self._fsdp_cpu_offload
         training.load_from_full_model_state_dict(model, base_state_dict, device, strict=False, cpu_offload=offload)
-        for module in model.modules():
-            if isinstance(module, DoRALinear):
-                module.initialize_dora_magnitude()  # DoRA's magnitude starts as the norm of the LOADED base weight
+        initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
         if adapter_state_dict is not None:  # continuing from a saved adapter (a resumed run loads DCP later)
             validate_missing_and_unexpected_for_lora(
                 model, model_keys - set(adapter_state_dict), set(adapter_state_dict) - model_keys, loaded="adapter"
@@ -464,91 +386,33 @@ class LoRAFinetuneRecipeDistributed:
 
     def _apply_model_converters(self, model: nn.Module) -> nn.Module:
         # on the model as built (meta device), before it is split and sharded and before the optimizer exists
-        try:
+        with config.errors_at("model_converters"):
             model = training.apply_model_converters(model, self._model_converters)
-        except ValueError as err:
-            raise config.ConfigError(config.ConfigProblem("model_converters", str(err))) from err
         if self._finetuning_schedule is not None:
-            try:
+            with config.errors_at("finetuning_schedule"):
                 self._finetuning_schedule.validate(model)
-            except ValueError as err:
-                raise config.ConfigError(config.ConfigProblem("finetuning_schedule", str(err))) from err
         return model
-
-    def _tp_plan(self, cfg: DictConfig, model: nn.Module) -> dict[str, Any]:
-        # an explicit plan in the config (torchtune's `tensor_parallel_plan`), else the family's from the registry
-        if cfg.get("tensor_parallel_plan", None) is not None:
-            plan_fn = config.get_component_from_path(cfg.tensor_parallel_plan._component_)
-            extra = {"model": model} if "model" in inspect.signature(plan_fn).parameters else {}
-            return config.instantiate(cfg.tensor_parallel_plan, **extra)
-        model_type = cfg.checkpointer.get("model_type", None)
-        family = registry.get_model_family(model_type) if model_type is not None else None
-        if family is None or family.tp_plan is None:
-            raise config.ConfigError(config.ConfigProblem(
-                "tensor_parallel_dim",
-                f"is {self._tp_size} but the model family {model_type!r} (checkpointer.model_type) registers no "
-                "tensor-parallel plan. Set tensor_parallel_dim: 1, or name a plan under tensor_parallel_plan",
-                self._tp_size,
-            ))
-        return family.tp_plan(model)
-
-    def _shard_conditions(self, cfg: DictConfig, model: nn.Module) -> list[Any]:
-        # the family's FSDP units when it registers them, else one unit per transformer layer
-        model_type = cfg.checkpointer.get("model_type", None)
-        family = registry.get_model_family(model_type) if model_type is not None else None
-        if family is not None and family.fsdp_shard_modules is not None:
-            units = {id(module) for module in family.fsdp_shard_modules(model)}
-            return [lambda name, module: id(module) in units]
-        return [TransformerSelfAttentionLayer]
-
-    def _activation_offloading_ctx(self) -> contextlib.AbstractContextManager:
-        if not self._enable_activation_offloading:
-            return contextlib.nullcontext()
-        supported, reason = training.activation_offloading_supported(self._device)
-        if not supported:
-            log.warning("enable_activation_offloading=True is ignored: %s", reason)
-            return contextlib.nullcontext()
-        return training.OffloadActivations()
 
     def _setup_finetuning_schedule(self) -> None:
         if self._finetuning_schedule is None:
             return
-        try:  # freezes every parameter outside phase 0 and takes it out of the optimizer
+        with config.errors_at("finetuning_schedule"):  # freezes every parameter outside phase 0
             lines = self._finetuning_schedule.setup(self._model, self._optimizer, self._lr_scheduler)
-        except ValueError as err:
-            raise config.ConfigError(config.ConfigProblem("finetuning_schedule", str(err))) from err
         for line in lines:
             log_info(line)
-
-    def _setup_loss(self, cfg_loss: DictConfig) -> nn.Module:
-        loss_fn = config.instantiate(cfg_loss)
-        if isinstance(loss_fn, CEWithChunkedOutputLoss) and hasattr(self._model, "skip_output_layer"):
-            # the same sum of token losses, but the output projection runs inside the loss one chunk at a time,
-            # so full [tokens, vocab] logits never exist (torchtune configs name CEWithChunkedOutputLoss)
-            loss_fn = LinearCrossEntropyLoss(loss_fn.num_output_chunks, loss_fn.ignore_index, loss_fn.reduction)
-            log_info("loss: CEWithChunkedOutputLoss runs as LinearCrossEntropyLoss (same values, no full logits).")
-        if hasattr(loss_fn, "set_model_output"):
-            loss_fn.set_model_output(self._model)  # the model now returns hidden states; the loss projects them
-        if self._compile:
-            training.compile_loss(loss_fn)
-        return loss_fn
 
     def _setup_data(
         self, cfg_dataset: DictConfig, shuffle: bool, batch_size: int, cfg_collate: Any, drop_last: bool = True
     ) -> tuple[StatefulDistributedSampler, DataLoader]:
         dataset = config.instantiate(cfg_dataset, self._tokenizer)
-        if cfg_collate is None:
-            pad_id = self._tokenizer.pad_id
-            collate = partial(padded_collate_sft, padding_idx=pad_id, ignore_idx=CROSS_ENTROPY_IGNORE_IDX)
-            if cfg_dataset.get("packed", False):
-                collate = padded_collate_packed
-        elif isinstance(cfg_collate, str):  # a function named by its dotted path, as in torchtune configs
-            collate = config.get_component_from_path(cfg_collate)
-            params = inspect.signature(collate).parameters
-            known = {"padding_idx": self._tokenizer.pad_id, "ignore_idx": CROSS_ENTROPY_IGNORE_IDX}
-            collate = partial(collate, **{k: v for k, v in known.items() if k in params})
-        else:
-            collate = config.instantiate(cfg_collate)  # a collator class configured by keyword arguments
+        collate = config.instantiate_collate(  # packed or not is decided from the dataset itself
+            cfg_collate,
+            dataset,
+            padding_idx=self._tokenizer.pad_id,
+            ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
+            max_seq_len=getattr(self._model, "max_seq_len", None),
+            device_type=self._device.type,
+        )
         # one shard of the data per data-parallel rank; the ranks of a tensor-parallel group share theirs
         sampler = StatefulDistributedSampler(
             dataset, num_replicas=self._dp_size, rank=self._dp_rank, shuffle=shuffle, seed=self._seed
@@ -564,21 +428,6 @@ class LoRAFinetuneRecipeDistributed:
         )
         log_info("Dataset %s: %d samples, %d batches per rank.", cfg_dataset._component_, len(dataset), len(loader))
         return sampler, loader
-
-    def _setup_lr_scheduler(self, cfg_lr_scheduler: DictConfig | None) -> Any:
-        if cfg_lr_scheduler is None:
-            return None
-        # schedules that need the run length get it; a user's scheduler without that argument does not
-        params = inspect.signature(config.get_component_from_path(cfg_lr_scheduler._component_)).parameters
-        extra = {}
-        if "num_training_steps" in params and "num_training_steps" not in cfg_lr_scheduler:
-            extra["num_training_steps"] = self._total_steps
-        return config.instantiate(cfg_lr_scheduler, self._optimizer, **extra)
-
-    def _setup_profiler(self, cfg_profiler: DictConfig | None) -> Any:
-        if cfg_profiler is None:
-            return training.DummyProfiler()
-        return config.instantiate(cfg_profiler)
 
     # ---------------------------------------------------------------------------------------------------- train
 
@@ -622,8 +471,10 @@ class LoRAFinetuneRecipeDistributed:
                     with self._activations_ctx:
                         loss_sum, aux_metrics = self.loss_step(batch)
                     loss = loss_sum * loss_scale  # this rank's share of the step's mean over all loss tokens
-                    loss.backward()  # FSDP reduce-scatters (averages) the gradients over the data-parallel ranks
                     step_loss += loss.detach()
+                    self._loss_check.record(step_loss)  # read before the optimizer step, once backward is queued
+                    loss.backward()  # FSDP reduce-scatters (averages) the gradients over the data-parallel ranks
+                self._loss_check.check(self.global_step + 1)  # a NaN/inf loss stops the run before it is applied
                 grad_norm, optimizer_metrics = self._optimizer_step()
                 self.global_step += 1
                 self._loss_since_log += step_loss
@@ -631,9 +482,8 @@ class LoRAFinetuneRecipeDistributed:
                 pbar.update(1)
 
                 if self.global_step % self._log_every_n_steps == 0:
-                    mean_loss = self._mean_loss_since_log() / steps_since_log
-                    metrics = {"loss": mean_loss}
-                    metrics.update(self._step_metrics(grad_norm, throughput.compute(), aux_metrics, optimizer_metrics))
+                    loss = self._mean_loss_since_log() / steps_since_log
+                    metrics = self._step_metrics(loss, grad_norm, throughput.compute(), aux_metrics, optimizer_metrics)
                     self._metric_logger.log_dict(metrics, step=self.global_step)
                     pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {metrics['loss']:.4f}")
                     pbar.set_postfix(tokens_per_second=f"{metrics['tokens_per_second']:.0f}")
@@ -658,9 +508,8 @@ class LoRAFinetuneRecipeDistributed:
 
     def _mean_loss_since_log(self) -> float:
         # each rank holds its share of every step's mean loss: their sum over ranks is world_size x the mean
-        # (tensor-parallel ranks of one group hold equal shares). A collective, and the check raises on all ranks.
-        total = training.all_reduce_sum(self._loss_since_log) / self._world_size
-        return training.check_loss_is_finite(total, self.global_step)
+        # (tensor-parallel ranks of one group hold equal shares). A collective.
+        return (training.all_reduce_sum(self._loss_since_log) / self._world_size).item()
 
     def _optimizer_step(self) -> tuple[torch.Tensor, dict[str, Any]]:
         grad_norm = training.clip_grad_norm(self._trainable_params(), self._clip_grad_norm)  # over all shards
@@ -673,40 +522,35 @@ class LoRAFinetuneRecipeDistributed:
     def _trainable_params(self) -> list[nn.Parameter]:
         return [p for p in self._model.parameters() if p.requires_grad]
 
-    def _step_metrics(self, grad_norm: torch.Tensor, throughput: dict[str, float], *extra: dict) -> dict:
-        # called at logging steps only: reading tensors here is the loop's one host-device sync
+    def _step_metrics(self, loss: float, grad_norm: torch.Tensor, throughput: dict[str, float], *extra: dict) -> dict:
+        # at logging steps only: reads tensors (the loop's one host-device sync) and sums tokens/s over all ranks
         rank_tps = torch.tensor(throughput["tokens_per_second"], dtype=torch.float64, device=self._device)
         total_tps = training.all_reduce_sum(rank_tps).item() / self._tp_size  # a tp group shares one batch
-        metrics = {
-            "lr": training.get_lr(self._optimizer),
-            "tokens_per_second": total_tps,
-            "tokens_per_second_per_gpu": total_tps / self._world_size,
-            "grad_norm": grad_norm.item(),
-        }
-        for more in extra:
-            metrics.update({k: v.item() if torch.is_tensor(v) else v for k, v in more.items()})
-        if self._log_peak_memory_stats:
-            metrics.update(training.get_memory_stats(self._device))  # rank 0's
+        metrics = training.step_metrics(
+            loss=loss,
+            optimizer=self._optimizer,
+            tokens_per_second=total_tps,
+            grad_norm=grad_norm,
+            extra=extra,
+            memory_device=self._device if self._log_peak_memory_stats else None,  # rank 0's
+        )
+        metrics["tokens_per_second_per_gpu"] = total_tps / self._world_size
         return metrics
 
-    @torch.no_grad()
     def _validate(self) -> float:
-        # each data-parallel rank evaluates its shard of the validation set; sums are then taken over ranks
+        # each data-parallel rank evaluates its shard of the validation set; the sums are taken over all ranks
+        # (tensor-parallel ranks count their group's batch alike: the ratio is unchanged)
         self._model.eval()
-        total_loss = torch.zeros((), dtype=torch.float32, device=self._device)
-        total_tokens = torch.zeros((), dtype=torch.float32, device=self._device)
-        for i, batch in enumerate(self._val_dataloader):
-            if self._max_validation_steps is not None and i >= self._max_validation_steps:
-                break
-            total_tokens += training.num_loss_tokens(shift_labels(batch["labels"])).to(self._device)
-            loss_sum, _ = self.loss_step({k: v.to(self._device) for k, v in batch.items()})
-            total_loss += loss_sum
+        val_loss, num_tokens = training.validation_loss(
+            self.loss_step,
+            self._val_dataloader,
+            self._device,
+            max_steps=self._max_validation_steps,
+            all_reduce=training.all_reduce_sum,
+        )
         self._model.train()
-        # tensor-parallel ranks count their group's batch alike: the ratio is unchanged
-        loss_and_tokens = training.all_reduce_sum(torch.stack([total_loss, total_tokens]))
-        val_loss = (loss_and_tokens[0] / loss_and_tokens[1].clamp(min=1.0)).item()
         self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
-        log_info("Step %d: validation loss %.4f over %d tokens.", self.global_step, val_loss, int(loss_and_tokens[1]))
+        log_info("Step %d: validation loss %.4f over %d tokens.", self.global_step, val_loss, num_tokens)
         return val_loss
 
     def cleanup(self) -> None:

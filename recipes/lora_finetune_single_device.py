@@ -11,8 +11,6 @@ it in a copy of this recipe to change the objective), ``save_checkpoint`` writes
     tune cp lora_finetune_single_device my_recipe.py   # then: tune run my_recipe.py --config my.yaml
 """
 
-import contextlib
-import inspect
 import sys
 from functools import partial
 from typing import Any
@@ -23,28 +21,25 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tune import config, training, utils
-from tune.data import (
-    CROSS_ENTROPY_IGNORE_IDX,
-    padded_collate_packed,
-    padded_collate_sft,
-    padding_free_collate,
-)
+from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
-from tune.modules.loss import CEWithChunkedOutputLoss, LinearCrossEntropyLoss, shift_labels
+from tune.modules.loss import shift_labels
 from tune.modules.peft import (
-    DoRALinear,
-    LoRALinear,
+    get_adapter_config,
     get_adapter_params,
     get_adapter_state_dict,
     get_merged_lora_ckpt,
+    initialize_dora_magnitudes,
     set_trainable_params,
     validate_missing_and_unexpected_for_lora,
 )
-from tune.training.checkpointing import StatefulDistributedSampler, set_rng_state
+from tune.training.checkpointing import StatefulDistributedSampler
 
 RECIPE_INFO = {
     "supports_distributed": False,
-    "configs": ["*/*_lora_single_device", "*/*_qlora_single_device", "*/*_dora_single_device", "demo/*lora*"],
+    "configs": ["*/*_lora_single_device", "*/*_qlora_single_device", "demo/*lora*"],
+    # the optional keys this recipe reads: filled in from tune.config.OPTIONAL_KEYS where a config leaves them out
+    "optional_keys": ["finetune", "lora"],
 }
 
 log = utils.get_logger("tune.recipes.lora_finetune_single_device")
@@ -67,88 +62,37 @@ class LoRAFinetuneRecipeSingleDevice:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
+        config.check_training_config(cfg)  # every problem of the settings at once, before anything is built
         self._device = utils.get_device(cfg.device)
         self._dtype = utils.get_dtype(cfg.dtype, device=self._device)
         if self._device.type == "cpu" and training.configure_cpu_allocator():
             log.info("CPU: malloc keeps freed blocks for the next step (TUNE_CPU_ALLOCATOR=0 turns this off).")
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
-        self._save_adapter_weights_only = cfg.get("save_adapter_weights_only", False)
-        # keys that torchtune's configs may leave out are read with torchtune's defaults
-        self._log_every_n_steps = cfg.get("log_every_n_steps", 1)
-        self._log_peak_memory_stats = cfg.get("log_peak_memory_stats", False)
-        self._clip_grad_norm = cfg.get("clip_grad_norm", None)
-        self._compile = cfg.get("compile", False)
-        self._optimizer_in_bwd = cfg.get("optimizer_in_bwd", False)
-        self._enable_activation_checkpointing = cfg.get("enable_activation_checkpointing", False)
-        self._enable_activation_offloading = cfg.get("enable_activation_offloading", False)
-        # keys of ours that torchtune's configs lack: off unless set
-        self._save_every_n_steps = cfg.get("save_every_n_steps", None)
-        self._run_val_every_n_steps = cfg.get("run_val_every_n_steps", None)
-        self._max_validation_steps = cfg.get("max_validation_steps", None)
-
+        self._save_adapter_weights_only = cfg.save_adapter_weights_only
+        self._log_every_n_steps = cfg.log_every_n_steps
+        self._log_peak_memory_stats = cfg.log_peak_memory_stats
+        self._clip_grad_norm = cfg.clip_grad_norm
+        self._compile = cfg.compile
+        self._optimizer_in_bwd = cfg.optimizer_in_bwd
+        self._enable_activation_checkpointing = cfg.enable_activation_checkpointing
+        self._enable_activation_offloading = cfg.enable_activation_offloading
+        self._save_every_n_steps = cfg.save_every_n_steps
+        self._run_val_every_n_steps = cfg.run_val_every_n_steps
+        self._max_validation_steps = cfg.max_validation_steps
         self._epochs = cfg.epochs
         self._max_steps_per_epoch = cfg.max_steps_per_epoch
         self._gradient_accumulation_steps = cfg.gradient_accumulation_steps
-        self._check_config(cfg)
+        self._finetuning_schedule = None  # gradual unfreezing: set up once the optimizer exists
+        if cfg.finetuning_schedule is not None:
+            self._finetuning_schedule = training.FinetuningSchedule(
+                cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition
+            )
         self._seed = training.set_seed(cfg.seed)
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
         self._loss_since_log = torch.zeros((), dtype=torch.float32, device=self._device)  # summed step losses
-
-    def _check_config(self, cfg: DictConfig) -> None:
-        problems = []  # every problem at once, each with its key, reported without a traceback
-        accumulate = self._gradient_accumulation_steps
-        if not isinstance(accumulate, int) or accumulate < 1:
-            problems.append(config.ConfigProblem("gradient_accumulation_steps", "must be an integer >= 1", accumulate))
-        elif self._optimizer_in_bwd:
-            try:
-                training.OptimizerInBackward.check_compatible(self._clip_grad_norm, accumulate)
-            except ValueError as err:
-                problems.append(config.ConfigProblem("optimizer_in_bwd", str(err), True))
-        if not isinstance(self._log_every_n_steps, int) or self._log_every_n_steps < 1:
-            problems.append(
-                config.ConfigProblem("log_every_n_steps", "must be an integer >= 1", self._log_every_n_steps)
-            )
-        for key in ("save_every_n_steps", "run_val_every_n_steps", "max_validation_steps"):
-            value = cfg.get(key, None)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                problems.append(config.ConfigProblem(key, "must be a positive integer, or null to turn it off", value))
-        if self._run_val_every_n_steps is not None and cfg.get("dataset_val", None) is None:
-            problems.append(config.ConfigProblem("dataset_val", "is missing: run_val_every_n_steps needs a dataset"))
-        problems += self._check_extensions(cfg)
-        if problems:
-            raise config.ConfigError(problems)
-
-    def _check_extensions(self, cfg: DictConfig) -> list[config.ConfigProblem]:
-        # model_converters and finetuning_schedule are checked before anything is loaded or built; the schedule
-        # object is made here (its constructor checks the phases) and set up once the optimizer exists
-        problems = []
-        converters = cfg.get("model_converters", None) or []
-        try:  # the order rule is checked on the converter classes
-            training.validate_converter_order([
-                config.get_component_from_path(c.get("_component_"), f"model_converters[{i}]._component_")
-                for i, c in enumerate(converters)
-            ])
-        except config.ConfigError as err:
-            problems += err.problems
-        except (TypeError, ValueError) as err:
-            problems.append(config.ConfigProblem("model_converters", str(err)))
-        self._finetuning_schedule = None
-        if cfg.get("finetuning_schedule", None) is not None:
-            if self._optimizer_in_bwd:
-                problems.append(config.ConfigProblem(
-                    "finetuning_schedule",
-                    "cannot be combined with optimizer_in_bwd: True (the per-parameter optimizers of optimizer_in_bwd "
-                    "cannot take the param groups that later phases add). Set optimizer_in_bwd: False",
-                ))
-            try:
-                self._finetuning_schedule = training.FinetuningSchedule(
-                    cfg.finetuning_schedule, cfg.get("finetuning_schedule_auto_transition", None)
-                )
-            except ValueError as err:
-                problems.append(config.ConfigProblem("finetuning_schedule", str(err)))
-        return problems
+        self._loss_check = training.FiniteLossCheck(self._device)
 
     # ------------------------------------------------------------------------------------------------ checkpoint
 
@@ -176,7 +120,6 @@ class LoRAFinetuneRecipeSingleDevice:
         Args:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
-        training.check_loss_is_finite(self._loss_since_log, self.global_step)  # never save diverged weights
         intermediate = self.global_step < self._total_steps
         model_state = self._model.state_dict()
         state = {
@@ -185,9 +128,21 @@ class LoRAFinetuneRecipeSingleDevice:
         }
         if not self._save_adapter_weights_only:
             # the merged model has the base architecture: it loads without any LoRA code
-            state[training.MODEL_KEY] = get_merged_lora_ckpt(model_state, rank=self._lora_rank, alpha=self._lora_alpha)
+            state[training.MODEL_KEY] = get_merged_lora_ckpt(model_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"])
         if intermediate:
-            state.update(self._recipe_state(epoch))
+            state[training.OPT_KEY] = self._optimizer.state_dict()
+            state.update(training.progress_state(
+                seed=self._seed,
+                epochs_run=self.epochs_run,
+                total_epochs=self._epochs,
+                max_steps_per_epoch=self._max_steps_per_epoch,
+                global_step=self.global_step,
+                steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
+                samples_per_step=self._gradient_accumulation_steps * self._batch_size,
+                sampler=self._sampler,
+                lr_scheduler=self._lr_scheduler,
+                finetuning_schedule=self._finetuning_schedule,
+            ))
         self._checkpointer.save_checkpoint(
             state,
             epoch=self.epochs_run,
@@ -197,40 +152,17 @@ class LoRAFinetuneRecipeSingleDevice:
             config=self._cfg,
         )
 
-    def _recipe_state(self, epoch: int) -> dict[str, Any]:
-        steps_in_epoch = self.global_step - epoch * self._steps_per_epoch
-        samples_per_step = self._gradient_accumulation_steps * self._batch_size
-        state = {
-            training.OPT_KEY: self._optimizer.state_dict(),
-            training.LR_SCHEDULER_KEY: self._lr_scheduler.state_dict() if self._lr_scheduler is not None else None,
-            training.SEED_KEY: self._seed,
-            training.EPOCHS_KEY: self.epochs_run,
-            training.TOTAL_EPOCHS_KEY: self._epochs,
-            training.MAX_STEPS_KEY: self._max_steps_per_epoch,
-            training.STEPS_KEY: self.global_step,
-            training.DATALOADER_KEY: self._sampler.state_dict(num_consumed=steps_in_epoch * samples_per_step),
-        }
-        if self._finetuning_schedule is not None:
-            state["finetuning_schedule"] = self._finetuning_schedule.state_dict()
-        return state
-
     def _restore_recipe_state(self, ckpt: dict[str, Any]) -> None:
-        if ckpt[training.SEED_KEY] != self._seed or ckpt[training.MAX_STEPS_KEY] != self._max_steps_per_epoch:
-            log.warning(
-                "Resuming with seed=%s, max_steps_per_epoch=%s but the checkpoint was written with %s, %s: the "
-                "resumed run will not see the data an uninterrupted run would.",
-                self._seed, self._max_steps_per_epoch, ckpt[training.SEED_KEY], ckpt[training.MAX_STEPS_KEY],
-            )
-        if self._finetuning_schedule is not None and ckpt.get("finetuning_schedule") is not None:
-            # before the optimizer's state: the phase's param groups must exist for it to load into
-            for line in self._finetuning_schedule.load_state_dict(ckpt["finetuning_schedule"]):
-                log.info(line)
-        self._optimizer.load_state_dict(ckpt[training.OPT_KEY])
-        if self._lr_scheduler is not None and ckpt[training.LR_SCHEDULER_KEY] is not None:
-            self._lr_scheduler.load_state_dict(ckpt[training.LR_SCHEDULER_KEY])
-        self._sampler.load_state_dict(ckpt[training.DATALOADER_KEY])
-        self.epochs_run, self.global_step = ckpt[training.EPOCHS_KEY], ckpt[training.STEPS_KEY]
-        set_rng_state(ckpt[training.RNG_KEY])  # last: setup drew random numbers that the uninterrupted run did not
+        self.epochs_run, self.global_step = training.restore_progress(
+            ckpt,
+            seed=self._seed,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            sampler=self._sampler,
+            load_optimizer=lambda: self._optimizer.load_state_dict(ckpt[training.OPT_KEY]),
+            lr_scheduler=self._lr_scheduler,
+            finetuning_schedule=self._finetuning_schedule,
+            logger=log,
+        )
         log.info("Resumed after %d optimizer steps (%d epochs complete).", self.global_step, self.epochs_run)
 
     # ---------------------------------------------------------------------------------------------------- setup
@@ -238,40 +170,31 @@ class LoRAFinetuneRecipeSingleDevice:
     def setup(self, cfg: DictConfig) -> None:
         """Builds the metric logger, model, tokenizer, optimizer, loss, data, LR scheduler and profiler."""
         self._cfg = cfg
-        self._keep_last_n_checkpoints = cfg.get("keep_last_n_checkpoints", None)
+        self._keep_last_n_checkpoints = cfg.keep_last_n_checkpoints
         self._metric_logger = config.instantiate(cfg.metric_logger)
         self._metric_logger.log_config(cfg)
         ckpt = self.load_checkpoint(cfg.checkpointer)
-        self._model_converters = config.instantiate(cfg.get("model_converters", None)) or []
+        self._model_converters = config.instantiate(cfg.model_converters) or []
         self._model = self._setup_model(cfg.model, ckpt[training.MODEL_KEY], ckpt.get(training.ADAPTER_KEY))
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._optimizer = self._setup_optimizer(cfg.optimizer)
         training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
-        self._loss_fn = self._setup_loss(cfg.loss)
+        self._loss_fn = training.prepare_loss(config.instantiate(cfg.loss), self._model, compile=self._compile)
         self._batch_size = cfg.batch_size
-        collate_cfg = cfg.get("collate_fn", None)  # ours: a function path or a collator class with kwargs
-        self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, collate_cfg)
+        self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
-        if cfg.get("dataset_val", None) is not None:
+        if cfg.dataset_val is not None:
             _, self._val_dataloader = self._setup_data(
-                cfg.dataset_val, False, cfg.batch_size, collate_cfg, drop_last=False
+                cfg.dataset_val, False, cfg.batch_size, cfg.collate_fn, drop_last=False
             )
-        batches_per_epoch = len(self._dataloader) // self._gradient_accumulation_steps
-        self._steps_per_epoch = batches_per_epoch
-        if self._max_steps_per_epoch is not None:
-            self._steps_per_epoch = min(batches_per_epoch, self._max_steps_per_epoch)
-        if self._steps_per_epoch < 1:
-            raise config.ConfigError(config.ConfigProblem(
-                "batch_size",
-                f"the dataset gives {len(self._dataloader)} full batches, fewer than gradient_accumulation_steps="
-                f"{self._gradient_accumulation_steps}: not one optimizer step per epoch. Lower batch_size or "
-                "gradient_accumulation_steps, or use more data",
-                cfg.batch_size,
-            ))
+        with config.errors_at("batch_size", cfg.batch_size):
+            self._steps_per_epoch = training.steps_per_epoch(
+                len(self._dataloader), self._gradient_accumulation_steps, self._max_steps_per_epoch
+            )
         self._total_steps = self._epochs * self._steps_per_epoch
-        self._lr_scheduler = self._setup_lr_scheduler(cfg.get("lr_scheduler", None))
+        self._lr_scheduler = config.instantiate_lr_scheduler(cfg.lr_scheduler, self._optimizer, self._total_steps)
         self._setup_finetuning_schedule()
-        self._profiler = self._setup_profiler(cfg.get("profiler", None))
+        self._profiler = config.instantiate(cfg.profiler) if cfg.profiler is not None else training.DummyProfiler()
         if self._resume:
             self._restore_recipe_state(ckpt)
         config.save_config(cfg, self._output_dir)
@@ -290,25 +213,21 @@ class LoRAFinetuneRecipeSingleDevice:
                 cfg_model._component_,
             ))
         set_trainable_params(model, adapter_params)  # only the adapters learn
-        # rank and alpha as built (a builder may default them): every adapter layer of a builder shares them
-        layer = next(m for m in model.modules() if isinstance(m, (LoRALinear, DoRALinear)))
-        self._lora_rank, self._lora_alpha = layer.rank, layer.alpha
-        dropout = layer.dropout.p if isinstance(layer.dropout, nn.Dropout) else 0.0
-        self._adapter_config = {"r": self._lora_rank, "lora_alpha": self._lora_alpha, "lora_dropout": dropout}
+        self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         missing, unexpected = model.load_state_dict(base_state_dict, strict=False)
         validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="base")
-        for module in model.modules():
-            if isinstance(module, DoRALinear):
-                module.initialize_dora_magnitude()  # DoRA's magnitude starts as the norm of the LOADED base weight
+        initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
         if adapter_state_dict is not None:  # resuming, or continuing from a saved adapter
             missing, unexpected = model.load_state_dict(adapter_state_dict, strict=False)
             validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="adapter")
         model = self._apply_model_converters(model)
         if self._compile:
             training.compile_model(model)
-        self._activations_ctx = self._activation_offloading_ctx()
+        self._activations_ctx = training.activation_offloading_context(
+            self._enable_activation_offloading, self._device
+        )
         num_params = sum(p.numel() for p in model.parameters())
         num_trainable = sum(p.numel() for p in adapter_params.values())
         log.info(
@@ -319,87 +238,40 @@ class LoRAFinetuneRecipeSingleDevice:
 
     def _apply_model_converters(self, model: nn.Module) -> nn.Module:
         # on the loaded model, before the optimizer exists; the schedule's patterns are then checked against it
-        try:
+        with config.errors_at("model_converters"):
             model = training.apply_model_converters(model, self._model_converters)
-        except ValueError as err:
-            raise config.ConfigError(config.ConfigProblem("model_converters", str(err))) from err
         if self._finetuning_schedule is not None:
-            try:
+            with config.errors_at("finetuning_schedule"):
                 self._finetuning_schedule.validate(model)
-            except ValueError as err:
-                raise config.ConfigError(config.ConfigProblem("finetuning_schedule", str(err))) from err
         return model
-
-    def _activation_offloading_ctx(self) -> contextlib.AbstractContextManager:
-        if not self._enable_activation_offloading:
-            return contextlib.nullcontext()
-        supported, reason = training.activation_offloading_supported(self._device)
-        if not supported:
-            log.warning("enable_activation_offloading=True is ignored: %s", reason)
-            return contextlib.nullcontext()
-        return training.OffloadActivations()
 
     def _setup_optimizer(self, cfg_optimizer: DictConfig) -> torch.optim.Optimizer:
         if self._optimizer_in_bwd:
             # one optimizer per parameter, stepped by a hook as soon as that parameter's gradient is ready
             factory = partial(config.instantiate, cfg_optimizer)
             return training.OptimizerInBackward(self._model.named_parameters(), factory)
-        return config.instantiate(cfg_optimizer, [p for p in self._model.parameters() if p.requires_grad])
+        return config.instantiate(cfg_optimizer, self._trainable_params())
 
     def _setup_finetuning_schedule(self) -> None:
         if self._finetuning_schedule is None:
             return
-        try:  # freezes every parameter outside phase 0 and takes it out of the optimizer
+        with config.errors_at("finetuning_schedule"):  # freezes every parameter outside phase 0
             lines = self._finetuning_schedule.setup(self._model, self._optimizer, self._lr_scheduler)
-        except ValueError as err:
-            raise config.ConfigError(config.ConfigProblem("finetuning_schedule", str(err))) from err
         for line in lines:
             log.info(line)
-
-    def _setup_loss(self, cfg_loss: DictConfig) -> nn.Module:
-        loss_fn = config.instantiate(cfg_loss)
-        if isinstance(loss_fn, CEWithChunkedOutputLoss) and hasattr(self._model, "skip_output_layer"):
-            # the same sum of token losses, but the output projection runs inside the loss one chunk at a time,
-            # so full [tokens, vocab] logits never exist (torchtune configs name CEWithChunkedOutputLoss)
-            loss_fn = LinearCrossEntropyLoss(loss_fn.num_output_chunks, loss_fn.ignore_index, loss_fn.reduction)
-            log.info("loss: CEWithChunkedOutputLoss runs as LinearCrossEntropyLoss (same values, no full logits).")
-        if hasattr(loss_fn, "set_model_output"):
-            loss_fn.set_model_output(self._model)  # the model now returns hidden states; the loss projects them
-        if self._compile:
-            training.compile_loss(loss_fn)
-        return loss_fn
 
     def _setup_data(
         self, cfg_dataset: DictConfig, shuffle: bool, batch_size: int, cfg_collate: Any, drop_last: bool = True
     ) -> tuple[StatefulDistributedSampler, DataLoader]:
         dataset = config.instantiate(cfg_dataset, self._tokenizer)
-        if cfg_collate is None:
-            pad_id = self._tokenizer.pad_id
-            packed = cfg_dataset.get("packed", False)
-            collate = padded_collate_packed
-            if not packed:
-                collate = partial(padded_collate_sft, padding_idx=pad_id, ignore_idx=CROSS_ENTROPY_IGNORE_IDX)
-            if self._device.type == "cpu":
-                # on CPU the samples (or the packs' documents) go end to end in one row: same loss and gradients,
-                # no compute on padding
-                collate = partial(
-                    padding_free_collate,
-                    padding_idx=pad_id,
-                    ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
-                    max_seq_len=getattr(self._model, "max_seq_len", None),
-                )
-                padded = "padded_collate_packed" if packed else "padded_collate_sft"
-                log.info(
-                    "CPU: each batch is one padding-free row (tune.data.padding_free_collate); "
-                    f"collate_fn=tune.data.{padded} gives padded batches instead."
-                )
-        elif isinstance(cfg_collate, str):  # a function named by its dotted path, as in torchtune configs
-            collate = config.get_component_from_path(cfg_collate)
-            params = inspect.signature(collate).parameters
-            known = {"padding_idx": self._tokenizer.pad_id, "ignore_idx": CROSS_ENTROPY_IGNORE_IDX}
-            collate = partial(collate, **{k: v for k, v in known.items() if k in params})
-        else:
-            collate = config.instantiate(cfg_collate)  # a collator class configured by keyword arguments
+        collate = config.instantiate_collate(  # packed or not is decided from the dataset itself
+            cfg_collate,
+            dataset,
+            padding_idx=self._tokenizer.pad_id,
+            ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
+            max_seq_len=getattr(self._model, "max_seq_len", None),
+            device_type=self._device.type,
+        )
         sampler = StatefulDistributedSampler(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=self._seed)
         # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same
         loader = DataLoader(
@@ -412,21 +284,6 @@ class LoRAFinetuneRecipeSingleDevice:
         )
         log.info("Dataset %s: %d samples, %d batches.", cfg_dataset._component_, len(dataset), len(loader))
         return sampler, loader
-
-    def _setup_lr_scheduler(self, cfg_lr_scheduler: DictConfig | None) -> Any:
-        if cfg_lr_scheduler is None:
-            return None
-        # schedules that need the run length get it; a user's scheduler without that argument does not
-        params = inspect.signature(config.get_component_from_path(cfg_lr_scheduler._component_)).parameters
-        extra = {}
-        if "num_training_steps" in params and "num_training_steps" not in cfg_lr_scheduler:
-            extra["num_training_steps"] = self._total_steps
-        return config.instantiate(cfg_lr_scheduler, self._optimizer, **extra)
-
-    def _setup_profiler(self, cfg_profiler: DictConfig | None) -> Any:
-        if cfg_profiler is None:
-            return training.DummyProfiler()
-        return config.instantiate(cfg_profiler)
 
     # ---------------------------------------------------------------------------------------------------- train
 
@@ -471,8 +328,10 @@ class LoRAFinetuneRecipeSingleDevice:
                     with self._activations_ctx:
                         loss_sum, aux_metrics = self.loss_step(batch)
                     loss = loss_sum * loss_scale  # the step's mean over all of its loss tokens
-                    loss.backward()
                     step_loss += loss.detach()
+                    self._loss_check.record(step_loss)  # read before the optimizer step, once backward is queued
+                    loss.backward()
+                self._loss_check.check(self.global_step + 1)  # a NaN/inf loss stops the run before it is applied
                 grad_norm, optimizer_metrics = self._optimizer_step()
                 self.global_step += 1
                 self._loss_since_log += step_loss
@@ -480,9 +339,14 @@ class LoRAFinetuneRecipeSingleDevice:
                 pbar.update(1)
 
                 if self.global_step % self._log_every_n_steps == 0:
-                    mean_loss = self._loss_since_log / steps_since_log
-                    metrics = {"loss": training.check_loss_is_finite(mean_loss, self.global_step)}
-                    metrics.update(self._step_metrics(grad_norm, throughput.compute(), aux_metrics, optimizer_metrics))
+                    metrics = training.step_metrics(  # reads tensors: the loop's one host-device sync
+                        loss=self._loss_since_log.item() / steps_since_log,
+                        optimizer=self._optimizer,
+                        tokens_per_second=throughput.compute()["tokens_per_second"],
+                        grad_norm=grad_norm,
+                        extra=(aux_metrics, optimizer_metrics),
+                        memory_device=self._device if self._log_peak_memory_stats else None,
+                    )
                     self._metric_logger.log_dict(metrics, step=self.global_step)
                     pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {metrics['loss']:.4f}")
                     pbar.set_postfix(tokens_per_second=f"{metrics['tokens_per_second']:.0f}")
@@ -518,32 +382,14 @@ class LoRAFinetuneRecipeSingleDevice:
     def _trainable_params(self) -> list[nn.Parameter]:
         return [p for p in self._model.parameters() if p.requires_grad]
 
-    def _step_metrics(self, grad_norm: torch.Tensor | None, throughput: dict[str, float], *extra: dict) -> dict:
-        # called at logging steps only: reading tensors here is the loop's one host-device sync
-        metrics = {"lr": training.get_lr(self._optimizer), "tokens_per_second": throughput["tokens_per_second"]}
-        if grad_norm is not None:
-            metrics["grad_norm"] = grad_norm.item()
-        for more in extra:
-            metrics.update({k: v.item() if torch.is_tensor(v) else v for k, v in more.items()})
-        if self._log_peak_memory_stats:
-            metrics.update(training.get_memory_stats(self._device))
-        return metrics
-
-    @torch.no_grad()
     def _validate(self) -> float:
         self._model.eval()
-        total_loss = torch.zeros((), dtype=torch.float32, device=self._device)
-        total_tokens = torch.zeros((), dtype=torch.int64)
-        for i, batch in enumerate(self._val_dataloader):
-            if self._max_validation_steps is not None and i >= self._max_validation_steps:
-                break
-            total_tokens += training.num_loss_tokens(shift_labels(batch["labels"]))
-            loss_sum, _ = self.loss_step({k: v.to(self._device) for k, v in batch.items()})
-            total_loss += loss_sum
+        val_loss, num_tokens = training.validation_loss(
+            self.loss_step, self._val_dataloader, self._device, max_steps=self._max_validation_steps
+        )
         self._model.train()
-        val_loss = total_loss.item() / max(int(total_tokens), 1)
         self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
-        log.info("Step %d: validation loss %.4f over %d tokens.", self.global_step, val_loss, int(total_tokens))
+        log.info("Step %d: validation loss %.4f over %d tokens.", self.global_step, val_loss, num_tokens)
         return val_loss
 
     def cleanup(self) -> None:

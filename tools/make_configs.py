@@ -7,21 +7,30 @@ default across families is one edit and one run:
     python tools/make_configs.py            # rewrite configs/<family>/*.yaml
 
 Single-device configs (``<size>_<method>_single_device.yaml``) come from ``SIZES``; the multi-GPU ones
-(``<size>_full.yaml``, ``<size>_lora.yaml``, for the distributed recipes) from ``DIST_SIZES``.
+(``<size>_full.yaml``, ``<size>_lora.yaml``, for the distributed recipes) from ``DIST_SIZES``. A row names its
+model builder; the Hugging Face repo to download is that builder's row of the family's ``MODEL_SIZES`` table
+(``tune/models/<family>/_model_builders.py``) unless the row overrides it.
 """
 
+import importlib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the tables of this checkout, whichever tune is installed
+
+
+def _model_sizes(family: str) -> dict:
+    """The family's ``MODEL_SIZES`` table: builder name -> ``tune.models._common.ModelSize``."""
+    return importlib.import_module(f"tune.models.{family}._model_builders").MODEL_SIZES
 
 
 @dataclass
 class Size:
     family: str  # tune.models.<family>
     size: str  # file-name size, e.g. "1B"
-    builder: str  # model builder, e.g. "llama3_2_1b"
-    repo: str  # Hugging Face repo id
+    builder: str  # model builder, e.g. "llama3_2_1b": a key of the family's MODEL_SIZES
     model_type: str  # checkpointer model_type (torchtune's names)
     tokenizer: str  # tune.models.<x>.<tokenizer builder>
     tokenizer_path: str  # relative to the download directory
@@ -30,6 +39,13 @@ class Size:
     big: bool = False  # >= 7B: activation checkpointing on, optimizer in backward for full fine-tuning
     extra_ignore: str = ""
     tokenizer_extra: dict = field(default_factory=dict)
+    repo: str = ""  # Hugging Face repo id; empty: the one MODEL_SIZES gives the builder
+
+    def __post_init__(self) -> None:
+        table = _model_sizes(self.family)
+        if self.builder not in table:
+            raise ValueError(f"{self.builder} is not in MODEL_SIZES of tune/models/{self.family}/_model_builders.py")
+        self.repo = self.repo or table[self.builder].repo
 
 
 def _dl_dir(repo: str) -> str:
@@ -39,34 +55,36 @@ def _dl_dir(repo: str) -> str:
 L2, L3 = "llama2.llama2_tokenizer", "llama3.llama3_tokenizer"
 ORIG = "original/tokenizer.model"
 SIZES = [
-    Size("llama2", "7B", "llama2_7b", "meta-llama/Llama-2-7b-hf", "LLAMA2", L2, "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
-    Size("llama2", "13B", "llama2_13b", "meta-llama/Llama-2-13b-hf", "LLAMA2", L2, "tokenizer.model", None, ("lora", "qlora"), big=True),
-    Size("llama2", "70B", "llama2_70b", "meta-llama/Llama-2-70b-hf", "LLAMA2", L2, "tokenizer.model", None, ("qlora",), big=True),
-    Size("llama3", "8B", "llama3_8b", "meta-llama/Meta-Llama-3-8B-Instruct", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),
-    Size("llama3", "70B", "llama3_70b", "meta-llama/Meta-Llama-3-70B-Instruct", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
-    Size("llama3_1", "8B", "llama3_1_8b", "meta-llama/Meta-Llama-3.1-8B-Instruct", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),
-    Size("llama3_1", "70B", "llama3_1_70b", "meta-llama/Meta-Llama-3.1-70B-Instruct", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
-    Size("llama3_2", "1B", "llama3_2_1b", "meta-llama/Llama-3.2-1B-Instruct", "LLAMA3_2", L3, ORIG, "model.safetensors", ("full", "lora", "qlora"), extra_ignore="original/consolidated.00.pth"),
-    Size("llama3_2", "3B", "llama3_2_3b", "meta-llama/Llama-3.2-3B-Instruct", "LLAMA3_2", L3, ORIG, None, ("full", "lora", "qlora"), extra_ignore="original/consolidated.00.pth"),
-    Size("llama3_3", "70B", "llama3_3_70b", "meta-llama/Llama-3.3-70B-Instruct", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
-    Size("mistral", "7B", "mistral_7b", "mistralai/Mistral-7B-Instruct-v0.2", "MISTRAL", "mistral.mistral_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
-    Size("qwen2_5", "0.5B", "qwen2_5_0_5b", "Qwen/Qwen2.5-0.5B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
-    Size("qwen2_5", "1.5B", "qwen2_5_1_5b_instruct", "Qwen/Qwen2.5-1.5B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
-    Size("qwen2_5", "3B", "qwen2_5_3b", "Qwen/Qwen2.5-3B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
-    Size("qwen2_5", "7B", "qwen2_5_7b_instruct", "Qwen/Qwen2.5-7B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora"), big=True),
-    Size("qwen2_5", "14B", "qwen2_5_14b_instruct", "Qwen/Qwen2.5-14B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("lora", "qlora"), big=True),
-    Size("qwen2_5", "32B", "qwen2_5_32b_instruct", "Qwen/Qwen2.5-32B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
-    Size("qwen2_5", "72B", "qwen2_5_72b_instruct", "Qwen/Qwen2.5-72B-Instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
-    Size("qwen3", "0.6B", "qwen3_0_6b_instruct", "Qwen/Qwen3-0.6B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
-    Size("qwen3", "1.7B", "qwen3_1_7b_instruct", "Qwen/Qwen3-1.7B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
-    Size("qwen3", "4B", "qwen3_4b_instruct", "Qwen/Qwen3-4B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
-    Size("qwen3", "8B", "qwen3_8b_instruct", "Qwen/Qwen3-8B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora"), big=True),
-    Size("qwen3", "14B", "qwen3_14b_instruct", "Qwen/Qwen3-14B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("lora", "qlora"), big=True),
-    Size("qwen3", "32B", "qwen3_32b", "Qwen/Qwen3-32B", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
-    Size("gemma2", "2B", "gemma2_2b", "google/gemma-2-2b-it", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora")),
-    Size("gemma2", "9B", "gemma2_9b", "google/gemma-2-9b-it", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
-    Size("gemma2", "27B", "gemma2_27b", "google/gemma-2-27b-it", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("lora", "qlora"), big=True),
-    Size("phi3", "mini", "phi3_mini", "microsoft/Phi-3-mini-4k-instruct", "PHI3_MINI", "phi3.phi3_mini_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora")),
+    Size("llama2", "7B", "llama2_7b", "LLAMA2", L2, "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
+    Size("llama2", "13B", "llama2_13b", "LLAMA2", L2, "tokenizer.model", None, ("lora", "qlora"), big=True),
+    Size("llama2", "70B", "llama2_70b", "LLAMA2", L2, "tokenizer.model", None, ("qlora",), big=True),
+    Size("llama3", "8B", "llama3_8b", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),
+    Size("llama3", "70B", "llama3_70b", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
+    Size("llama3_1", "8B", "llama3_1_8b", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),
+    Size("llama3_1", "70B", "llama3_1_70b", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
+    Size("llama3_2", "1B", "llama3_2_1b", "LLAMA3_2", L3, ORIG, "model.safetensors", ("full", "lora", "qlora"), extra_ignore="original/consolidated.00.pth"),
+    Size("llama3_2", "3B", "llama3_2_3b", "LLAMA3_2", L3, ORIG, None, ("full", "lora", "qlora"), extra_ignore="original/consolidated.00.pth"),
+    Size("llama3_3", "70B", "llama3_3_70b", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
+    # fine-tunes Mistral-7B-Instruct-v0.2, whose config.json (rope_theta 1e6, no sliding window) is not the v0.1
+    # architecture mistral_7b builds (rope_base 1e4, sliding_window 4096); kept as shipped until that is settled
+    Size("mistral", "7B", "mistral_7b", "MISTRAL", "mistral.mistral_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora"), big=True, repo="mistralai/Mistral-7B-Instruct-v0.2"),
+    Size("qwen2_5", "0.5B", "qwen2_5_0_5b", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
+    Size("qwen2_5", "1.5B", "qwen2_5_1_5b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
+    Size("qwen2_5", "3B", "qwen2_5_3b", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
+    Size("qwen2_5", "7B", "qwen2_5_7b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora"), big=True),
+    Size("qwen2_5", "14B", "qwen2_5_14b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("lora", "qlora"), big=True),
+    Size("qwen2_5", "32B", "qwen2_5_32b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
+    Size("qwen2_5", "72B", "qwen2_5_72b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
+    Size("qwen3", "0.6B", "qwen3_0_6b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
+    Size("qwen3", "1.7B", "qwen3_1_7b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
+    Size("qwen3", "4B", "qwen3_4b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
+    Size("qwen3", "8B", "qwen3_8b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora"), big=True),
+    Size("qwen3", "14B", "qwen3_14b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("lora", "qlora"), big=True),
+    Size("qwen3", "32B", "qwen3_32b", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
+    Size("gemma2", "2B", "gemma2_2b", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora")),
+    Size("gemma2", "9B", "gemma2_9b", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
+    Size("gemma2", "27B", "gemma2_27b", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("lora", "qlora"), big=True),
+    Size("phi3", "mini", "phi3_mini", "PHI3_MINI", "phi3.phi3_mini_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora")),
 ]
 
 RECIPE = {"full": "full_finetune_single_device", "lora": "lora_finetune_single_device", "qlora": "lora_finetune_single_device"}
@@ -139,6 +157,9 @@ def _tokenizer_checkpointer_dataset(s: Size, method: str) -> str:
         "dataset:\n"
         "  _component_: tune.datasets.alpaca_cleaned_dataset\n"
         "  packed: False  # True packs samples into max_seq_len sequences: faster, same loss\n"
+        "# batches: padded to the longest sample (packs, when the dataset is packed, get their block-causal mask);\n"
+        "# on CPU, tune.data.padding_free_collate puts each batch in one row with no padding\n"
+        "collate_fn: tune.data.padded_collate_sft\n"
     )
 
 

@@ -135,6 +135,22 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_assets, t
     assert [r["step"] for r in _train_log(out)] == [1, 2]
 
 
+def test_non_finite_loss_between_logging_steps_stops_at_its_own_step(tiny_assets, tmp_path):
+    # every step's loss is checked before the optimizer applies it, not only at logging steps: with
+    # log_every_n_steps=10 and no save before the end of the epoch (step 6), the NaN of step 3 still stops the
+    # run at step 3, before its update is applied
+    out = tmp_path / "run"
+    extra = [
+        "loss._component_=nan_loss.NaNAfterNCalls", "loss.num_finite_calls=2", "log_every_n_steps=10",
+        "max_steps_per_epoch=6",
+    ]
+    proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "The training loss is nan at step 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(out.glob("step_*"))
+
+
 @pytest.mark.parametrize(
     "logger, expected_file",
     [
@@ -213,14 +229,15 @@ def test_packed_bf16_user_optimizer_and_scheduler(tiny_assets, tmp_path):
 
 
 def test_packed_padding_free_rows_train_as_padded_packs(tiny_assets, tmp_path):
-    # on CPU the packs' documents go end to end in one row without the packs' padding: same losses and grad norms
+    # the tiny config's collate_fn is tune.data.padding_free_collate: the packs' documents go end to end in one row
+    # without the packs' padding. padded_collate_sft, torchtune's default, becomes padded_collate_packed because the
+    # dataset is packed (decided from the dataset). Same losses and grad norms; on CPU the padded run gets a hint.
     runs = {}
-    for name, extra in [("free", []), ("padded", ["collate_fn=tune.data.padded_collate_packed"])]:
+    for name, extra in [("free", []), ("padded", ["collate_fn=tune.data.padded_collate_sft"])]:
         out = tmp_path / name
         proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, "dataset.packed=True", *extra), cwd=tmp_path)
         runs[name] = _train_log(out)
-        assert ("padding-free row" in proc.stderr) == (name == "free")
-        assert "collate_fn=tune.data.padded_collate_packed gives padded batches" in proc.stderr or name == "padded"
+        assert ("collate_fn=tune.data.padding_free_collate puts each batch" in proc.stderr) == (name == "padded")
     assert len(runs["free"]) == 3
     for key in ("loss", "grad_norm"):
         assert [r[key] for r in runs["free"]] == pytest.approx([r[key] for r in runs["padded"]], abs=1e-5, rel=1e-5)

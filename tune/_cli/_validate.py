@@ -5,24 +5,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import OmegaConf
 
 from tune._cli._common import HelpFormatter, examples
 from tune._cli._sample import render_sample
 from tune.config import (
-    ConfigError,
     ConfigProblem,
     RecipeInfo,
     TuneError,
     find_config,
     find_recipe,
-    get_component_from_path,
     instantiate,
     load_config,
+    read_recipe_info,
+    recipe_defaults,
     recipes_for_config,
+    resolved_yaml,
     shipped_config_name,
     validate_config,
 )
+from tune.config._training import DEFAULT_NOTES, optional_key_tables
 from tune.config._recipe_scan import scan_recipe
 
 IGNORE_INDEX = -100  # labels equal to it get no loss (tune.data.CROSS_ENTROPY_IGNORE_IDX)
@@ -68,6 +70,7 @@ def add_parser(subparsers) -> None:
             "tune validate my.yaml --recipe lora_finetune_single_device",
             "tune validate my.yaml --recipe ./my_recipe.py optimizer.lr=1e-4 ~profiler",
             "tune validate my.yaml --recipe lora_finetune_single_device --show-sample 0",
+            "tune validate llama3_2/1B_lora_single_device --show-defaults",
         ),
     )
     parser.__class__ = _IntermixedArgumentParser  # built by `subparsers`, which takes no parser class per command
@@ -89,6 +92,12 @@ def add_parser(subparsers) -> None:
         "the trained tokens between [[ and ]]; e.g. --show-sample 0",
     )
     parser.add_argument(
+        "--show-defaults",
+        action="store_true",
+        help="after a clean check, print the optional keys the recipe reads with the values they will take, "
+        "from the config or from the recipe's defaults (tune.config.OPTIONAL_KEYS); e.g. --show-defaults",
+    )
+    parser.add_argument(
         "overrides",
         nargs="*",
         default=[],  # optional: without a default, argparse would list it as required when CONFIG is missing
@@ -101,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     path = find_config(args.config)
     recipe = _recipe(args)
     problems = validate_config(path, recipe.path if recipe else None, args.overrides)
-    problems += _check_extensions(path, args.overrides, problems)
+    problems += _check_schedule_patterns(path, args.overrides, problems)
     against = f" for recipe {recipe.name}" if recipe else ""
     if problems:
         count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
@@ -116,55 +125,28 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"OK: {args.config} is valid{against}")
+    if args.show_defaults:
+        print(_defaults_report(path, args.overrides, recipe))
     if args.show_sample is not None:
         print(_sample(path, args.overrides, args.show_sample, recipe))
     return 0
 
 
-def _check_extensions(path: Path, overrides: list[str], found: list[ConfigProblem]) -> list[ConfigProblem]:
-    """The order of ``model_converters`` and the ``finetuning_schedule`` (phases, and patterns against the model)."""
-    try:
-        cfg = load_config(path, overrides)  # its `imports:` were imported by validate_config
-    except TuneError:
-        return []  # reported by validate_config already
-    problems = []
-    converters = cfg.get("model_converters", None)
-    if isinstance(converters, ListConfig) and converters:
-        problems += _check_converter_order(converters)
-    if cfg.get("finetuning_schedule", None) is not None:
-        problems += _check_finetuning_schedule(cfg, found)
-    return problems
-
-
-def _check_converter_order(converters: ListConfig) -> list[ConfigProblem]:
-    from tune import training  # imports torch: only when a config has model_converters
-
-    try:
-        classes = [
-            get_component_from_path(c.get("_component_") if isinstance(c, DictConfig) else c, f"model_converters[{i}]")
-            for i, c in enumerate(converters)
-        ]
-        training.validate_converter_order(classes)
-    except ConfigError:
-        return []  # an entry that does not import: reported by validate_config already
-    except (TypeError, ValueError) as err:
-        return [ConfigProblem("model_converters", str(err))]
-    return []
-
-
-def _check_finetuning_schedule(cfg: DictConfig, found: list[ConfigProblem]) -> list[ConfigProblem]:
+def _check_schedule_patterns(path: Path, overrides: list[str], found: list[ConfigProblem]) -> list[ConfigProblem]:
+    """The ``finetuning_schedule`` patterns matched against the model, built on the meta device."""
     import torch
 
     from tune import training
 
     try:
-        schedule = training.FinetuningSchedule(
-            cfg.finetuning_schedule, cfg.get("finetuning_schedule_auto_transition", None)
-        )
-    except ValueError as err:
-        return [ConfigProblem("finetuning_schedule", str(err))]
-    if "model" not in cfg or any(p.key.split(".")[0].split("[")[0] == "model" for p in found):
-        return []  # the model's own problems are listed; its parameter names cannot be known
+        cfg = load_config(path, overrides)  # its `imports:` were imported by validate_config
+    except TuneError:
+        return []  # reported by validate_config already
+    if cfg.get("finetuning_schedule", None) is None or "model" not in cfg:
+        return []
+    if any(p.key.split(".")[0].split("[")[0] in ("model", "finetuning_schedule") for p in found):
+        return []  # the model's or the schedule's own problems are listed
+    schedule = training.FinetuningSchedule(cfg.finetuning_schedule, cfg.get("finetuning_schedule_auto_transition"))
     try:
         with torch.device("meta"):  # parameter names only: nothing is allocated, no weights are read
             model = instantiate(cfg.model)
@@ -180,6 +162,26 @@ def _check_finetuning_schedule(cfg: DictConfig, found: list[ConfigProblem]) -> l
     except ValueError as err:
         return [ConfigProblem("finetuning_schedule", str(err))]
     return []
+
+
+def _defaults_report(path: Path, overrides: list[str], recipe: RecipeInfo | None) -> str:
+    """The optional keys the recipe reads, each with the value it will use and where that comes from."""
+    if recipe is None:
+        return "no recipe: no optional keys to show (name one with --recipe NAME)"
+    tables = optional_key_tables(read_recipe_info(recipe.path))
+    if not tables:
+        return f"recipe {recipe.name} declares no optional keys (RECIPE_INFO['optional_keys'])"
+    cfg = load_config(path, overrides)
+    lines = [f"optional keys of {recipe.name} (tables: {', '.join(tables)}):"]
+    for key, default in recipe_defaults(tables).items():
+        if key in cfg:
+            value, origin = cfg[key], "config"
+        else:
+            value, origin = default, "default"
+        text = resolved_yaml(OmegaConf.create({key: value})).strip().replace("\n", "\n    ")
+        note = f": {DEFAULT_NOTES[key]}" if value is None and key in DEFAULT_NOTES else ""
+        lines.append(f"  {text}  # {origin}{note}")
+    return "\n".join(lines)
 
 
 def _recipe(args: argparse.Namespace) -> RecipeInfo | None:

@@ -24,23 +24,40 @@ from tune.config._instantiate import get_component_from_path, instantiate
 from tune.config._io import log_config, resolved_yaml, save_config
 from tune.config._load import apply_overrides, load_config, parse_override_value, read_yaml
 from tune.config._parse import parse
+from tune.config._training import (
+    OPTIONAL_KEYS,
+    apply_defaults,
+    check_training_config,
+    errors_at,
+    instantiate_collate,
+    instantiate_lr_scheduler,
+    instantiate_tensor_parallel_plan,
+    recipe_defaults,
+)
 from tune.config._validate import validate_config
 
 __all__ = [
     "ConfigError",
     "ConfigProblem",
+    "OPTIONAL_KEYS",
     "RecipeError",
     "RecipeInfo",
     "TuneError",
+    "apply_defaults",
     "apply_overrides",
     "builtin_configs",
     "builtin_recipes",
+    "check_training_config",
     "configs_of",
+    "errors_at",
     "find_config",
     "find_recipe",
     "get_component_from_path",
     "import_modules",
     "instantiate",
+    "instantiate_collate",
+    "instantiate_lr_scheduler",
+    "instantiate_tensor_parallel_plan",
     "list_configs",
     "list_recipes",
     "load_config",
@@ -49,6 +66,7 @@ __all__ = [
     "parse_override_value",
     "read_recipe_info",
     "read_yaml",
+    "recipe_defaults",
     "recipes_for_config",
     "resolved_yaml",
     "save_config",

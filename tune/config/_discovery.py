@@ -24,7 +24,7 @@ from tune.config._errors import ConfigError, RecipeError
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 _INFO_NAME = "RECIPE_INFO"
-_INFO_KEYS = {"supports_distributed": bool, "configs": list}
+_INFO_KEYS = {"supports_distributed": bool, "configs": list, "optional_keys": list}
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,13 @@ def _check_info(info: Any, path: Path, line: int) -> None:
             raise RecipeError(f"{where}[{key!r}] must be a {kind.__name__}, got {info[key]!r}")
     if not all(isinstance(p, str) for p in info.get("configs", [])):
         raise RecipeError(f"{where}['configs'] must list fnmatch patterns as strings, got {info['configs']!r}")
+    from tune.config._training import OPTIONAL_KEYS
+
+    unknown = [t for t in info.get("optional_keys", []) if t not in OPTIONAL_KEYS]
+    if unknown:
+        raise RecipeError(
+            f"{where}['optional_keys'] names unknown tables {unknown}; known: {', '.join(OPTIONAL_KEYS)}"
+        )
 
 
 def recipe_from_file(path: str | Path, name: str | None = None, source: str = "file") -> RecipeInfo:

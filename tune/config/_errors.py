@@ -1,16 +1,10 @@
 from dataclasses import dataclass
 from typing import Any
 
+from tune.utils import TuneError  # re-exported: raised by every layer, caught by the CLI
+
 _MAX_VALUE_CHARS = 80
 _NO_VALUE = object()
-
-
-class TuneError(Exception):
-    """A mistake the user can fix (a bad name, path, override or config value).
-
-    The ``tune`` command prints its message as one ``tune: error: ...`` line, without a Python traceback
-    (``TUNE_DEBUG=1`` shows the traceback too).
-    """
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,14 @@ class RecipeScan:
     imports: dict[str, str] = field(default_factory=dict)
 
 
+# tune.config helpers that instantiate the node passed first, and the arguments they give it (keywords they pass
+# only when the component takes them and the config does not set them count as passed)
+_INSTANTIATING_HELPERS = {
+    "instantiate_lr_scheduler": RuntimeArgs(num_positional=1, keywords={"num_training_steps"}),
+    "instantiate_tensor_parallel_plan": RuntimeArgs(keywords={"model"}),
+    "instantiate_collate": RuntimeArgs(),
+}
+
 # an expression that refers to a config node: its path, and whether it came through an optional lookup
 _Ref = tuple[KeyPath, bool]
 
@@ -218,14 +226,21 @@ class _Scanner:
 
     def collect_instantiations(self, scan: RecipeScan) -> None:
         for node in ast.walk(self.tree):
-            if not (isinstance(node, ast.Call) and node.args and _called_name(node) == "instantiate"):
+            if not (isinstance(node, ast.Call) and node.args):
                 continue
-            extra = node.args[1:]
-            args = RuntimeArgs(
-                num_positional=sum(1 for a in extra if not isinstance(a, ast.Starred)),
-                keywords={k.arg for k in node.keywords if k.arg is not None},
-                open_ended=any(isinstance(a, ast.Starred) for a in extra) or any(k.arg is None for k in node.keywords),
-            )
+            name = _called_name(node)
+            if name == "instantiate":
+                extra = node.args[1:]
+                args = RuntimeArgs(
+                    num_positional=sum(1 for a in extra if not isinstance(a, ast.Starred)),
+                    keywords={k.arg for k in node.keywords if k.arg is not None},
+                    open_ended=any(isinstance(a, ast.Starred) for a in extra)
+                    or any(k.arg is None for k in node.keywords),
+                )
+            elif name in _INSTANTIATING_HELPERS:
+                args = _INSTANTIATING_HELPERS[name]
+            else:
+                continue
             for path, _ in self.refs(node.args[0]):
                 scan.runtime_args.setdefault(path, RuntimeArgs()).merge(args)
 

@@ -9,11 +9,19 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tune import plugins
-from tune.config._errors import ConfigError, ConfigProblem
+from tune.config._discovery import read_recipe_info
+from tune.config._errors import ConfigError, ConfigProblem, RecipeError
 from tune.config._imports import import_modules
 from tune.config._instantiate import import_component
 from tune.config._load import COMPONENT_KEY, apply_overrides, read_yaml
 from tune.config._recipe_scan import KeyPath, RecipeScan, RuntimeArgs, scan_recipe
+from tune.config._training import (
+    apply_defaults,
+    check_finetuning_schedule,
+    check_model_converters,
+    optional_key_tables,
+    training_config_problems,
+)
 
 _UNRESOLVED = object()  # a leaf whose interpolation failed (already reported)
 _MISSING_VALUE = "???"
@@ -34,7 +42,10 @@ def validate_config(
     is importable, the arguments of each component against its signature (unknown ones, missing required ones,
     ones the recipe already passes), and string values that name a ``tune.*`` object. With a recipe, also the
     keys it reads that the config lacks, and the arguments it adds at run time
-    (``instantiate(cfg.optimizer, model.parameters())``) are taken into account.
+    (``instantiate(cfg.optimizer, model.parameters())``) are taken into account; the optional keys of the
+    recipe's tables (``RECIPE_INFO["optional_keys"]``) are filled in first, and a training recipe's settings are
+    checked as it checks them when it starts. ``model_converters`` and ``finetuning_schedule`` are checked in
+    every config.
 
     Args:
         config (str | Path | DictConfig): a YAML file or a loaded config.
@@ -58,18 +69,41 @@ def validate_config(
         import_modules(cfg)
     except ConfigError as err:
         problems += err.problems
-    scan = None
+    scan, info = None, None
     if recipe is not None:
         try:
             scan = scan_recipe(recipe)
-        except (OSError, SyntaxError) as err:
+            info = read_recipe_info(recipe)
+        except (OSError, SyntaxError, RecipeError) as err:
             problems.append(ConfigProblem("", f"cannot read the recipe {recipe}: {err}"))
+    tables = optional_key_tables(info)
+    apply_defaults(cfg, tables)  # as the recipe will see it
     checker = _Checker(cfg, scan, problems)
     tree = checker.resolve(OmegaConf.to_container(cfg, resolve=False), "")
     checker.check_tree(tree, "")
     if scan is not None:
         checker.check_reads(tree)
+    problems += check_model_converters(cfg.get("model_converters"))
+    problems += _settings_problems(cfg, tables, bool((info or {}).get("supports_distributed")), problems)
     return problems
+
+
+def _settings_problems(
+    cfg: DictConfig, tables: list[str], distributed: bool, found: list[ConfigProblem]
+) -> list[ConfigProblem]:
+    # the checks the training recipes run first, on keys whose values resolved
+    if any(not p.key for p in found):
+        return []  # the file or the recipe could not be read as a whole
+    try:
+        problems = check_finetuning_schedule(
+            cfg.get("finetuning_schedule"), cfg.get("finetuning_schedule_auto_transition")
+        )
+        if "finetune" in tables:
+            problems += training_config_problems(cfg, distributed=distributed)
+    except OmegaConfBaseException:
+        return []  # an interpolation that does not resolve: reported by the tree check
+    reported = {p.key for p in found}
+    return [p for p in problems if p.key not in reported]
 
 
 class _Checker:

@@ -4,6 +4,8 @@ from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
 from tune.data._messages import ROLES, Message, Role
 from tune.data._protocols import BaseTokenizer, ModelTokenizer
 from tune.data._collate import (
+    collate_for_dataset,
+    is_packed,
     left_pad_sequence,
     padded_collate,
     padded_collate_dpo,
@@ -45,6 +47,8 @@ from tune.data._tokenizers import (
 )
 
 __all__ = [
+    "collate_for_dataset",
+    "is_packed",
     "AlpacaToMessages",
     "ChosenRejectedToMessages",
     "FlatSequences",

@@ -4,14 +4,16 @@ Batches are dicts: ``tokens`` [b, s] int64, ``labels`` [b, s] int64 (``-100`` wh
 shifted), and for packed batches ``mask`` [b, s, s] bool and ``input_pos`` [b, s].
 """
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
-from tune.data._packing import block_causal_mask
+from tune.data._packing import PackedDataset, block_causal_mask
 
 
 def _as_long(x: Any) -> torch.Tensor:
@@ -276,3 +278,71 @@ def _padding_free_packs(
         "input_pos": torch.cat([_as_long(p["input_pos"]) for p in batch])[keep][None],
         "mask": block_causal_mask([kept_lens], total),
     }
+
+
+def is_packed(dataset: Any) -> bool:
+    """Whether ``dataset`` yields packs (of :class:`~tune.data.PackedDataset`) rather than single samples.
+
+    Decided from the dataset itself: a ``PackedDataset``, an object whose ``packed`` attribute is True (tune's
+    ``ConcatDataset`` of packed datasets), or a composite (``torch.utils.data.ConcatDataset``, a user's mix)
+    whose ``datasets`` are all packed.
+
+    Raises:
+        ValueError: for a composite that mixes packed and unpacked datasets (no one collator fits both).
+    """
+    if isinstance(dataset, PackedDataset) or getattr(dataset, "packed", False) is True:
+        return True
+    parts = getattr(dataset, "datasets", None)
+    if not isinstance(parts, Sequence) or isinstance(parts, (str, bytes)) or not parts:
+        return False
+    packed = [is_packed(part) for part in parts]
+    if any(packed) and not all(packed):
+        raise ValueError(
+            f"the dataset mixes packed and unpacked datasets (packed: {packed}); set packed the same on every one"
+        )
+    return all(packed)
+
+
+def collate_for_dataset(
+    collate_fn: Callable[..., Any],
+    dataset: Any,
+    *,
+    padding_idx: int = 0,
+    ignore_idx: int = CROSS_ENTROPY_IGNORE_IDX,
+    max_seq_len: int | None = None,
+) -> Callable[[Sequence[dict[str, Any]]], dict[str, torch.Tensor]]:
+    """Fits a collate function to the samples of ``dataset``, and binds the arguments it takes.
+
+    Packs need the block-causal mask and restarting positions of :func:`padded_collate_packed`: for a packed
+    dataset (see :func:`is_packed`) ``padded_collate_sft`` is replaced by it, so a concatenation or mix of packed
+    datasets is collated as packs, whatever the config's ``packed`` keys say. ``padding_idx``, ``ignore_idx`` and
+    ``max_seq_len`` are bound where the function's signature takes them.
+
+    Args:
+        collate_fn (Callable): the collate function chosen (``padded_collate_sft``, ``padding_free_collate``, a
+            user's function).
+        dataset (Any): the dataset whose samples it will collate.
+        padding_idx (int): the pad token id. Default 0.
+        ignore_idx (int): the label that gets no loss. Default -100.
+        max_seq_len (int | None): the longest row the model accepts. Default None.
+
+    Returns:
+        Callable: ``batch -> dict of tensors``.
+
+    Raises:
+        ValueError: for ``padded_collate_packed`` on a dataset that is not packed, or a mixed dataset.
+    """
+    packed = is_packed(dataset)
+    if packed and collate_fn is padded_collate_sft:
+        collate_fn = padded_collate_packed
+    if not packed and collate_fn is padded_collate_packed:
+        raise ValueError(
+            "padded_collate_packed needs a packed dataset (packed: True); use tune.data.padded_collate_sft"
+        )
+    try:
+        params = inspect.signature(collate_fn).parameters
+    except (TypeError, ValueError):
+        return collate_fn
+    known = {"padding_idx": padding_idx, "ignore_idx": ignore_idx, "max_seq_len": max_seq_len}
+    bound = {name: value for name, value in known.items() if name in params}
+    return partial(collate_fn, **bound) if bound else collate_fn

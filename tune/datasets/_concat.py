@@ -5,7 +5,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from tune.data import FlatSequences, PackedDataset
+from tune.data import FlatSequences, is_packed
 
 
 class ConcatDataset(Dataset):
@@ -23,7 +23,7 @@ class ConcatDataset(Dataset):
     def __init__(self, datasets: Sequence[Dataset]) -> None:
         if not datasets:
             raise ValueError("ConcatDataset needs at least one dataset.")
-        packed = [isinstance(ds, PackedDataset) for ds in datasets]
+        packed = [is_packed(ds) for ds in datasets]
         if any(packed) and not all(packed):
             raise ValueError(
                 f"ConcatDataset got a mix of packed and unpacked datasets (packed: {packed}); set packed the same "

@@ -26,7 +26,7 @@ from tune.training._distributed import (
     sync_seed,
 )
 from tune.training._finetuning_schedule import FinetuningSchedule, auto_finetuning_phases
-from tune.training._grad import NonFiniteLossError, check_loss_is_finite, clip_grad_norm
+from tune.training._grad import FiniteLossCheck, NonFiniteLossError, check_loss_is_finite, clip_grad_norm
 from tune.training._loss_scaling import num_loss_tokens, scale_grads, step_loss_scale
 from tune.training._memory import (
     OptimizerInBackward,
@@ -47,11 +47,23 @@ from tune.training._model_converters import (
 from tune.training._parallel import (
     apply_tensor_parallel,
     data_parallel_rank_and_size,
+    family_shard_conditions,
+    family_tensor_parallel_plan,
     init_device_mesh,
     tensor_parallel_size,
 )
 from tune.training._precision import get_dtype, set_default_dtype, validate_expected_param_dtype
 from tune.training._profiler import DummyProfiler, setup_torch_profiler
+from tune.training._recipe_state import (
+    FINETUNING_SCHEDULE_KEY,
+    activation_offloading_context,
+    prepare_loss,
+    progress_state,
+    restore_progress,
+    step_metrics,
+    steps_per_epoch,
+    validation_loss,
+)
 from tune.training._seed import set_seed
 from tune.training._throughput import ThroughputTracker, count_tokens, get_progress_bar
 from tune.training.lr_schedulers import (
@@ -71,20 +83,23 @@ from tune.training.metric_logging import (
 __all__ = [
     "DiskLogger",
     "DummyProfiler",
+    "FINETUNING_SCHEDULE_KEY",
     "FakeQuantizedLoRALinear",
     "FinetuningSchedule",
+    "FiniteLossCheck",
     "Float8TrainingConverter",
     "Int8DynActInt4WeightQATConverter",
-    "ModelConverter",
-    "QATConverter",
     "MetricLoggerInterface",
+    "ModelConverter",
     "NonFiniteLossError",
     "OffloadActivations",
     "OptimizerInBackward",
+    "QATConverter",
     "StdoutLogger",
     "TensorBoardLogger",
     "ThroughputTracker",
     "WandBLogger",
+    "activation_offloading_context",
     "activation_offloading_supported",
     "all_reduce_sum",
     "apply_activation_checkpointing",
@@ -98,6 +113,8 @@ __all__ = [
     "configure_cpu_allocator",
     "count_tokens",
     "data_parallel_rank_and_size",
+    "family_shard_conditions",
+    "family_tensor_parallel_plan",
     "gather_cpu_state_dict",
     "get_constant_schedule_with_warmup",
     "get_cosine_schedule_with_warmup",
@@ -112,8 +129,11 @@ __all__ = [
     "is_distributed",
     "load_from_full_model_state_dict",
     "num_loss_tokens",
+    "prepare_loss",
+    "progress_state",
     "register_post_optimizer_hooks",
     "reset_peak_memory_stats",
+    "restore_progress",
     "scale_grads",
     "set_default_dtype",
     "set_seed",
@@ -121,10 +141,13 @@ __all__ = [
     "shard_model",
     "shift_labels",
     "step_loss_scale",
+    "step_metrics",
+    "steps_per_epoch",
     "sync_seed",
     "tensor_parallel_size",
     "validate_converter_order",
     "validate_expected_param_dtype",
+    "validation_loss",
 ]
 
 

@@ -1,7 +1,7 @@
 """Gradient-norm clipping and the loss sanity check every training recipe runs."""
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -46,6 +46,50 @@ def check_loss_is_finite(loss: torch.Tensor | float, step: int) -> float:
     if not math.isfinite(value):
         raise NonFiniteLossError(value, step)
     return value
+
+
+class FiniteLossCheck:
+    """Stops training at the first step whose loss is NaN or infinite, before the optimizer applies that step.
+
+    Every step is checked, without making the device wait for the host: :meth:`record` is called after each
+    forward pass, before its backward, and queues a non-blocking copy of the step's loss so far to the host;
+    :meth:`check` is called once the last backward is queued and waits for that copy only, i.e. for the forward
+    pass, while the device works through the backward. On the CPU both are plain reads.
+
+    Args:
+        device (torch.device): where the loss lives.
+        all_reduce (Callable | None): sums a tensor over ranks (distributed recipes), so that a non-finite loss
+            on any rank stops every rank at the same step.
+    """
+
+    def __init__(
+        self, device: torch.device, all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> None:
+        self._all_reduce = all_reduce
+        on_cuda = device.type == "cuda"
+        self._host = torch.zeros((), dtype=torch.float32, pin_memory=on_cuda)
+        self._copied = torch.cuda.Event() if on_cuda else None
+
+    def record(self, step_loss: torch.Tensor) -> None:
+        """Queues the copy of ``step_loss`` (the step's loss so far) to the host."""
+        value = step_loss.detach().float()
+        if self._all_reduce is not None:
+            value = self._all_reduce(value.clone())
+        self._host.copy_(value, non_blocking=self._copied is not None)
+        if self._copied is not None:
+            self._copied.record()
+
+    def check(self, step: int) -> None:
+        """Raises :class:`NonFiniteLossError` if the last recorded loss is NaN or infinite.
+
+        Args:
+            step (int): the step being taken, for the message.
+        """
+        if self._copied is not None:
+            self._copied.synchronize()
+        value = float(self._host)
+        if not math.isfinite(value):
+            raise NonFiniteLossError(value, step)
 
 
 def clip_grad_norm(

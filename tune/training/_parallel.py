@@ -181,3 +181,40 @@ def tensor_parallel_size(mesh: Any) -> int:
     """The number of ranks in a tensor-parallel group of ``mesh`` (1 without a mesh)."""
     return 1 if mesh is None else mesh.size(mesh.mesh_dim_names.index(TP))
 
+
+
+def family_tensor_parallel_plan(model: nn.Module, model_type: str | None) -> dict[str, Any]:
+    """The tensor-parallel plan the model family of ``model_type`` registers, for ``model``.
+
+    Args:
+        model (nn.Module): the model to split.
+        model_type (str | None): the family (``checkpointer.model_type`` of a config, e.g. ``LLAMA3``).
+
+    Returns:
+        dict[str, Any]: module-name pattern -> ``ParallelStyle``.
+
+    Raises:
+        ValueError: when there is no family of that name, or it registers no plan.
+    """
+    from tune import registry
+
+    family = registry.get_model_family(model_type) if model_type is not None else None
+    if family is None or family.tp_plan is None:
+        raise ValueError(
+            f"the model family {model_type!r} (checkpointer.model_type) registers no tensor-parallel plan. Set "
+            "tensor_parallel_dim: 1, or name a plan under tensor_parallel_plan"
+        )
+    return family.tp_plan(model)
+
+
+def family_shard_conditions(model: nn.Module, model_type: str | None) -> list[Any]:
+    """Which submodules of ``model`` become FSDP units: the family's rule when it registers one (by
+    ``model_type``), else every transformer layer. Pass the result to :func:`~tune.training.shard_model`."""
+    from tune import registry
+    from tune.modules import TransformerSelfAttentionLayer
+
+    family = registry.get_model_family(model_type) if model_type is not None else None
+    if family is not None and family.fsdp_shard_modules is not None:
+        units = {id(module) for module in family.fsdp_shard_modules(model)}
+        return [lambda name, module: id(module) in units]
+    return [TransformerSelfAttentionLayer]

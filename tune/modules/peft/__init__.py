@@ -9,7 +9,9 @@ from tune.modules.peft._adapter_utils import (
     LORA_ATTN_MODULES,
     AdapterModule,
     disable_adapter,
+    get_adapter_config,
     get_adapter_params,
+    initialize_dora_magnitudes,
     get_adapter_state_dict,
     get_merged_lora_ckpt,
     is_adapter_key,
@@ -19,7 +21,8 @@ from tune.modules.peft._adapter_utils import (
 )
 from tune.modules.peft._apply_lora import apply_lora
 from tune.modules.peft._dora import DoRALinear
-from tune.modules.peft._lora import LoRALinear, dequantize, is_nf4_tensor, to_nf4
+from tune.modules.peft._lora import LoRALinear
+from tune.modules.peft._nf4 import dequantize, is_nf4_tensor, to_nf4
 
 __all__ = [
     "LORA_ATTN_MODULES",
@@ -29,7 +32,9 @@ __all__ = [
     "apply_lora",
     "dequantize",
     "disable_adapter",
+    "get_adapter_config",
     "get_adapter_params",
+    "initialize_dora_magnitudes",
     "get_adapter_state_dict",
     "get_merged_lora_ckpt",
     "is_adapter_key",

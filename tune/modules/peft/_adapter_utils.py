@@ -7,7 +7,7 @@ from typing import Literal, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from tune.modules.peft._lora import dequantize, is_nf4_tensor
+from tune.modules.peft._nf4 import dequantize, is_nf4_tensor
 
 # The attention projections LoRA builders accept in `lora_attn_modules`.
 LORA_ATTN_MODULES = Literal["q_proj", "k_proj", "v_proj", "output_proj"]
@@ -251,3 +251,36 @@ def validate_missing_and_unexpected_for_lora(
 def _show(keys: list[str]) -> str:
     shown = ", ".join(keys[:_MAX_KEYS_SHOWN])
     return shown + (f", ... ({len(keys) - _MAX_KEYS_SHOWN} more)" if len(keys) > _MAX_KEYS_SHOWN else "")
+
+
+def get_adapter_config(model: nn.Module) -> dict[str, float]:
+    """The LoRA hyperparameters of ``model`` as built, under the Hugging Face PEFT ``adapter_config.json`` names.
+
+    A builder may default them, so they are read from the layers: ``r`` (rank), ``lora_alpha`` and
+    ``lora_dropout`` of the first :class:`LoRALinear`/:class:`DoRALinear` (every adapter layer a builder makes
+    shares them).
+
+    Returns:
+        dict[str, float]: ``{"r": ..., "lora_alpha": ..., "lora_dropout": ...}``.
+
+    Raises:
+        ValueError: when the model has no LoRA/DoRA layer.
+    """
+    from tune.modules.peft._dora import DoRALinear
+    from tune.modules.peft._lora import LoRALinear
+
+    layer = next((m for m in model.modules() if isinstance(m, (LoRALinear, DoRALinear))), None)
+    if layer is None:
+        raise ValueError("the model has no LoRA/DoRA layers")
+    dropout = layer.dropout.p if isinstance(layer.dropout, nn.Dropout) else 0.0
+    return {"r": layer.rank, "lora_alpha": layer.alpha, "lora_dropout": dropout}
+
+
+def initialize_dora_magnitudes(model: nn.Module) -> None:
+    """Sets the magnitude of every :class:`DoRALinear` of ``model`` to the norm of its base weight, as DoRA starts
+    (call it after the base weights are loaded)."""
+    from tune.modules.peft._dora import DoRALinear
+
+    for module in model.modules():
+        if isinstance(module, DoRALinear):
+            module.initialize_dora_magnitude()

@@ -1,0 +1,332 @@
+"""What every training recipe does with its config, written once: the optional keys and their defaults, the
+checks of the training settings, the LR scheduler given the run length, and the batch collator.
+
+A recipe names the tables of optional keys it reads in its ``RECIPE_INFO`` (``"optional_keys": ["finetune",
+"lora"]``); :func:`~tune.config.parse` and ``tune validate`` fill the keys a config leaves out from those tables
+before anything else looks at the config, so the recipe reads ``cfg.clip_grad_norm`` like any other key, the
+saved config shows the values that ran, and ``tune validate CONFIG --show-defaults`` prints them.
+"""
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, open_dict
+
+from tune.config._errors import _NO_VALUE, ConfigError, ConfigProblem
+from tune.config._instantiate import get_component_from_path, instantiate
+from tune.utils import get_logger
+
+log = get_logger("tune.config")
+
+# Optional keys of the training recipes and the value each takes when a config leaves it out: torchtune's
+# default where torchtune had the key, "off" for the keys it lacked. One table per concern; a recipe lists the
+# tables it reads in RECIPE_INFO["optional_keys"].
+OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
+    "finetune": {
+        "log_every_n_steps": 1,
+        "log_peak_memory_stats": False,
+        "clip_grad_norm": None,
+        "compile": False,
+        "optimizer_in_bwd": False,
+        "enable_activation_checkpointing": False,
+        "enable_activation_offloading": False,
+        "lr_scheduler": None,
+        "profiler": None,
+        # the batch collator (see DEFAULT_NOTES); a packed dataset turns padded_collate_sft into
+        # padded_collate_packed
+        "collate_fn": None,
+        "keep_last_n_checkpoints": None,
+        "save_every_n_steps": None,
+        "dataset_val": None,
+        "run_val_every_n_steps": None,
+        "max_validation_steps": None,
+        "model_converters": None,
+        "finetuning_schedule": None,
+        "finetuning_schedule_auto_transition": None,
+    },
+    "lora": {
+        "save_adapter_weights_only": False,
+    },
+    "distributed": {
+        "dist_backend": None,  # null: gloo on CPU; "cuda:nccl,cpu:gloo" on GPUs
+        "tensor_parallel_dim": 1,
+        "tensor_parallel_plan": None,  # null: the model family's plan
+        "fsdp_cpu_offload": False,
+        "fsdp_reshard_after_forward": True,
+        "fsdp_mixed_precision": None,
+    },
+}
+
+
+# what a null default means, where the value is decided when the run starts (printed by --show-defaults)
+DEFAULT_NOTES: dict[str, str] = {
+    "collate_fn": "tune.data.padding_free_collate on CPU (one row per batch, no padding), "
+    "tune.data.padded_collate_sft elsewhere",
+    "dist_backend": "gloo on CPU, cuda:nccl,cpu:gloo on GPUs",
+    "tensor_parallel_plan": "the model family's plan (tune.registry)",
+    "clip_grad_norm": "no clipping (the grad norm is still logged)",
+}
+
+
+def recipe_defaults(tables: Sequence[str]) -> dict[str, Any]:
+    """The optional keys of the named tables of :data:`OPTIONAL_KEYS`, merged in order.
+
+    Raises:
+        ValueError: for a table name that does not exist.
+    """
+    defaults: dict[str, Any] = {}
+    for table in tables:
+        if table not in OPTIONAL_KEYS:
+            raise ValueError(f"unknown table of optional keys {table!r}; known: {', '.join(OPTIONAL_KEYS)}")
+        defaults.update(OPTIONAL_KEYS[table])
+    return defaults
+
+
+def optional_key_tables(recipe_info: Any) -> list[str]:
+    """The tables of optional keys a recipe names in its ``RECIPE_INFO`` (none for a recipe without one)."""
+    if not isinstance(recipe_info, dict):
+        return []
+    return list(recipe_info.get("optional_keys", []))
+
+
+def apply_defaults(cfg: DictConfig, tables: Sequence[str]) -> list[str]:
+    """Sets every optional key of ``tables`` that ``cfg`` lacks to its default, in place.
+
+    Returns:
+        list[str]: the keys that were filled in.
+    """
+    filled = []
+    with open_dict(cfg):
+        for key, value in recipe_defaults(tables).items():
+            if key not in cfg.keys():  # `in` is False for a `???` value too: that one stays, to be reported
+                cfg[key] = value
+                filled.append(key)
+    return filled
+
+
+@contextlib.contextmanager
+def errors_at(key: str, value: Any = _NO_VALUE) -> Iterator[None]:
+    """Reports a ``ValueError`` raised inside the block as a :class:`ConfigError` at config key ``key``.
+
+    Components raise ``ValueError`` for bad arguments without knowing which config key gave them; the recipe
+    knows, and wraps the call::
+
+        with config.errors_at("model_converters"):
+            model = training.apply_model_converters(model, converters)
+    """
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(ConfigProblem(key, str(err), value)) from err
+
+
+def check_training_config(cfg: DictConfig, *, distributed: bool = False) -> None:
+    """Checks the training settings every training recipe shares, before anything is loaded or built.
+
+    Checked: ``gradient_accumulation_steps``, ``log_every_n_steps``, ``save_every_n_steps``,
+    ``run_val_every_n_steps`` (and that ``dataset_val`` exists for it), ``max_validation_steps``,
+    ``optimizer_in_bwd`` (with clipping, accumulation, a finetuning schedule and distributed runs), the order of
+    ``model_converters``, and the phases of ``finetuning_schedule``. Expects the optional keys filled in
+    (:func:`apply_defaults`).
+
+    Args:
+        cfg (DictConfig): the recipe config.
+        distributed (bool): whether the recipe is a distributed one.
+
+    Raises:
+        ConfigError: listing every problem at once, each with its key.
+    """
+    problems = training_config_problems(cfg, distributed=distributed)
+    problems += check_model_converters(cfg.model_converters)
+    problems += check_finetuning_schedule(cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition)
+    if problems:
+        raise ConfigError(problems)
+
+
+def training_config_problems(cfg: DictConfig, *, distributed: bool = False) -> list[ConfigProblem]:
+    """The problems :func:`check_training_config` reports, but for ``model_converters`` and
+    ``finetuning_schedule`` (which ``tune validate`` checks for every config, with or without a recipe)."""
+    problems = []
+    accumulate = cfg.get("gradient_accumulation_steps")
+    if not _positive_int(accumulate):
+        problems.append(ConfigProblem("gradient_accumulation_steps", "must be an integer >= 1", accumulate))
+    if not _positive_int(cfg.log_every_n_steps):
+        problems.append(ConfigProblem("log_every_n_steps", "must be an integer >= 1", cfg.log_every_n_steps))
+    if "epochs" in cfg and not _positive_int(cfg.epochs):  # a missing one is reported as a key the recipe reads
+        problems.append(ConfigProblem("epochs", "must be an integer >= 1", cfg.get("epochs")))
+    for key in ("max_steps_per_epoch", "save_every_n_steps", "run_val_every_n_steps", "max_validation_steps"):
+        if cfg.get(key) is not None and not _positive_int(cfg.get(key)):
+            problems.append(ConfigProblem(key, "must be a positive integer, or null to turn it off", cfg.get(key)))
+    if cfg.run_val_every_n_steps is not None and cfg.dataset_val is None:
+        problems.append(ConfigProblem("dataset_val", "is missing: run_val_every_n_steps needs a dataset"))
+    if cfg.optimizer_in_bwd:
+        problems += _check_optimizer_in_bwd(cfg, distributed)
+    return problems
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_optimizer_in_bwd(cfg: DictConfig, distributed: bool) -> list[ConfigProblem]:
+    from tune import training  # imports torch: only when a recipe runs or a config is validated for one
+
+    if distributed:
+        return [ConfigProblem(
+            "optimizer_in_bwd",
+            "is not supported by the distributed recipes (FSDP2 already shards the optimizer state across ranks); "
+            "set optimizer_in_bwd: False",
+            True,
+        )]
+    problems = []
+    if _positive_int(cfg.gradient_accumulation_steps):
+        try:
+            training.OptimizerInBackward.check_compatible(cfg.clip_grad_norm, cfg.gradient_accumulation_steps)
+        except ValueError as err:
+            problems.append(ConfigProblem("optimizer_in_bwd", str(err), True))
+    if cfg.finetuning_schedule is not None:
+        problems.append(ConfigProblem(
+            "finetuning_schedule",
+            "cannot be combined with optimizer_in_bwd: True (the per-parameter optimizers of optimizer_in_bwd "
+            "cannot take the param groups that later phases add). Set optimizer_in_bwd: False",
+        ))
+    return problems
+
+
+def check_model_converters(converters: ListConfig | None) -> list[ConfigProblem]:
+    """The ``model_converters`` entries import and come in an order that works (see
+    ``tune.training.validate_converter_order``)."""
+    from tune import training
+
+    if not converters:
+        return []
+    if not isinstance(converters, (ListConfig, list)):
+        return [ConfigProblem("model_converters", "must be a list of components", converters)]
+    try:
+        classes = [
+            get_component_from_path(
+                c.get("_component_") if isinstance(c, (DictConfig, dict)) else c, f"model_converters[{i}]._component_"
+            )
+            for i, c in enumerate(converters)
+        ]
+        training.validate_converter_order(classes)
+    except ConfigError as err:
+        return err.problems
+    except (TypeError, ValueError) as err:
+        return [ConfigProblem("model_converters", str(err))]
+    return []
+
+
+def check_finetuning_schedule(phases: Any, auto_transition: Any) -> list[ConfigProblem]:
+    """The phases of a ``finetuning_schedule`` parse (their patterns are matched against the model later)."""
+    from tune import training
+
+    if phases is None:
+        return []
+    try:
+        training.FinetuningSchedule(phases, auto_transition)
+    except (TypeError, ValueError) as err:
+        return [ConfigProblem("finetuning_schedule", f"must be a list of phases, or auto: {err}", phases)]
+    return []
+
+
+def instantiate_lr_scheduler(cfg_lr_scheduler: DictConfig | None, optimizer: Any, num_training_steps: int) -> Any:
+    """Builds the ``lr_scheduler`` node for ``optimizer``, giving it the run length when it takes one.
+
+    Schedules with a ``num_training_steps`` argument (tune's and torchtune's warmup schedules) receive the
+    recipe's total number of optimizer steps unless the config sets it; any other scheduler (a plain
+    ``torch.optim.lr_scheduler`` class, a user's) is built with its own arguments only.
+
+    Args:
+        cfg_lr_scheduler (DictConfig | None): the node, or ``None`` for a constant LR.
+        optimizer (Any): the optimizer, passed first.
+        num_training_steps (int): optimizer steps of the whole run.
+
+    Returns:
+        Any: the scheduler, or ``None``.
+    """
+    if cfg_lr_scheduler is None:
+        return None
+    component = get_component_from_path(cfg_lr_scheduler._component_, "lr_scheduler._component_")
+    extra = {}
+    if "num_training_steps" in _parameters(component) and "num_training_steps" not in cfg_lr_scheduler:
+        extra["num_training_steps"] = num_training_steps
+    return instantiate(cfg_lr_scheduler, optimizer, **extra)
+
+
+def instantiate_tensor_parallel_plan(cfg_plan: DictConfig | None, model: Any, model_type: str | None) -> Any:
+    """The tensor-parallel plan: the ``tensor_parallel_plan`` node when set (torchtune's key; its function gets
+    ``model`` when it takes it), else the one the model family of ``model_type`` registers.
+
+    Raises:
+        ValueError: when neither exists.
+    """
+    from tune import training
+
+    if cfg_plan is None:
+        return training.family_tensor_parallel_plan(model, model_type)
+    component = get_component_from_path(cfg_plan._component_, "tensor_parallel_plan._component_")
+    return instantiate(cfg_plan, **({"model": model} if "model" in _parameters(component) else {}))
+
+
+def instantiate_collate(
+    cfg_collate: Any,
+    dataset: Any,
+    *,
+    padding_idx: int,
+    ignore_idx: int,
+    max_seq_len: int | None = None,
+    device_type: str = "cpu",
+) -> Callable[..., Any]:
+    """The collator of the ``collate_fn`` key for ``dataset``.
+
+    A dotted path names a function (torchtune's form: ``tune.data.padded_collate_sft``); whether the batches
+    are packed is decided from the dataset itself (see ``tune.data.collate_for_dataset``), and the function gets
+    the padding id, ignore index and max_seq_len its signature takes. A node with ``_component_`` builds a
+    collator class with its keyword arguments, used as it is.
+
+    Args:
+        cfg_collate (Any): the ``collate_fn`` value: a string, a component node, or ``None`` for the default
+            (``tune.data.padding_free_collate`` on CPU, ``tune.data.padded_collate_sft`` elsewhere).
+        dataset (Any): the dataset the batches come from.
+        padding_idx (int): the tokenizer's pad id.
+        ignore_idx (int): the label that gets no loss.
+        max_seq_len (int | None): the model's maximum sequence length (for padding-free rows).
+        device_type (str): where training runs; on CPU a padded collator gets a hint about padding-free rows.
+
+    Returns:
+        Callable[..., Any]: the collate function for a ``DataLoader``.
+
+    Raises:
+        ConfigError: at ``collate_fn`` when the collator does not fit the dataset.
+    """
+    from tune import data
+
+    if isinstance(cfg_collate, (DictConfig, dict)):
+        return instantiate(cfg_collate)  # a collator class configured by keyword arguments
+    name = cfg_collate
+    if name is None:  # DEFAULT_NOTES["collate_fn"]: the same losses either way, no compute on padding on CPU
+        name = "tune.data.padding_free_collate" if device_type == "cpu" else "tune.data.padded_collate_sft"
+        log.info("collate_fn: null -> %s on %s (set collate_fn to choose).", name, device_type)
+    function = get_component_from_path(name, "collate_fn")
+    with errors_at("collate_fn", name):
+        collate = data.collate_for_dataset(
+            function, dataset, padding_idx=padding_idx, ignore_idx=ignore_idx, max_seq_len=max_seq_len
+        )
+    if device_type == "cpu" and function is not data.padding_free_collate and cfg_collate is not None:
+        log.info(
+            "CPU: collate_fn=tune.data.padding_free_collate puts each batch in one row without padding (same "
+            "losses, no compute spent on padding)."
+        )
+    return collate
+
+
+def _parameters(component: Any) -> Sequence[str]:
+    try:
+        return list(inspect.signature(component).parameters)
+    except (TypeError, ValueError):
+        return []

@@ -1,0 +1,283 @@
+"""The bookkeeping every training recipe shares, written once: steps per epoch, the payload of ``recipe_state.pt``
+(one layout for every recipe, seed and RNG states included) and its restore, the loss chosen for the model's
+output, activation offloading, and the validation loss.
+
+The recipes call these in their own order; what each one computes is the same for all of them.
+"""
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from tune.modules.loss import CEWithChunkedOutputLoss, LinearCrossEntropyLoss, shift_labels
+from tune.training._activations import OffloadActivations, activation_offloading_supported
+from tune.training._compile import compile_loss
+from tune.training._loss_scaling import num_loss_tokens
+from tune.training.checkpointing import (
+    DATALOADER_KEY,
+    EPOCHS_KEY,
+    LR_SCHEDULER_KEY,
+    MAX_STEPS_KEY,
+    RNG_KEY,
+    SEED_KEY,
+    STEPS_KEY,
+    TOTAL_EPOCHS_KEY,
+    get_rng_state,
+    set_rng_state,
+)
+from tune.utils import TuneError, get_logger, log_rank_zero
+
+log = get_logger("tune.training")
+
+FINETUNING_SCHEDULE_KEY = "finetuning_schedule"
+
+
+def steps_per_epoch(
+    num_batches: int, gradient_accumulation_steps: int, max_steps_per_epoch: int | None, num_ranks: int = 1
+) -> int:
+    """Optimizer steps in one epoch: full groups of ``gradient_accumulation_steps`` batches, capped.
+
+    Args:
+        num_batches (int): batches the data loader gives per epoch (per data-parallel rank).
+        gradient_accumulation_steps (int): batches per optimizer step.
+        max_steps_per_epoch (int | None): the cap, or ``None``.
+        num_ranks (int): data-parallel ranks, for the message.
+
+    Returns:
+        int: the number of steps, at least 1.
+
+    Raises:
+        ValueError: when the data does not fill one optimizer step.
+    """
+    if max_steps_per_epoch is not None and max_steps_per_epoch < 1:
+        raise ValueError(f"max_steps_per_epoch must be >= 1, or null for no cap; got {max_steps_per_epoch}")
+    steps = num_batches // gradient_accumulation_steps
+    if max_steps_per_epoch is not None:
+        steps = min(steps, max_steps_per_epoch)
+    if steps < 1:
+        who = "the dataset gives" if num_ranks == 1 else f"each of the {num_ranks} data-parallel ranks gets"
+        more = "" if num_ranks == 1 else ", use fewer processes"
+        raise ValueError(
+            f"{who} {num_batches} full batches, fewer than gradient_accumulation_steps={gradient_accumulation_steps}"
+            f": not one optimizer step per epoch. Lower batch_size or gradient_accumulation_steps{more}, or use "
+            "more data"
+        )
+    return steps
+
+
+def progress_state(
+    *,
+    seed: int,
+    epochs_run: int,
+    total_epochs: int,
+    max_steps_per_epoch: int | None,
+    global_step: int,
+    steps_in_epoch: int,
+    samples_per_step: int,
+    sampler: Any,
+    lr_scheduler: Any = None,
+    finetuning_schedule: Any = None,
+) -> dict[str, Any]:
+    """Where a run is, for ``recipe_state.pt``: everything but the model and optimizer state.
+
+    The layout is the same for every recipe (single-device recipes add ``optimizer``; distributed ones save this
+    next to their sharded state): the seed, epochs and steps run, the run length, the data loader's position, the
+    LR scheduler, the finetuning schedule's phase, and the RNG states (every rank draws the same numbers; rank
+    0's are saved).
+
+    Args:
+        seed (int): the seed the run uses (drawn or configured).
+        epochs_run (int): completed epochs.
+        total_epochs (int): epochs of the whole run.
+        max_steps_per_epoch (int | None): the cap on steps per epoch.
+        global_step (int): optimizer steps taken.
+        steps_in_epoch (int): optimizer steps taken in the current epoch.
+        samples_per_step (int): samples one optimizer step consumes on this rank (batch size x accumulation).
+        sampler (Any): the training sampler (``StatefulDistributedSampler``).
+        lr_scheduler (Any): the LR scheduler, or ``None``.
+        finetuning_schedule (Any): the ``FinetuningSchedule``, or ``None``.
+
+    Returns:
+        dict[str, Any]: the state, keyed by the constants of ``tune.training``.
+    """
+    state = {
+        SEED_KEY: seed,
+        EPOCHS_KEY: epochs_run,
+        TOTAL_EPOCHS_KEY: total_epochs,
+        MAX_STEPS_KEY: max_steps_per_epoch,
+        STEPS_KEY: global_step,
+        DATALOADER_KEY: sampler.state_dict(num_consumed=steps_in_epoch * samples_per_step),
+        LR_SCHEDULER_KEY: lr_scheduler.state_dict() if lr_scheduler is not None else None,
+        RNG_KEY: get_rng_state(),
+    }
+    if finetuning_schedule is not None:
+        state[FINETUNING_SCHEDULE_KEY] = finetuning_schedule.state_dict()
+    return state
+
+
+def restore_progress(
+    state: Mapping[str, Any],
+    *,
+    seed: int,
+    max_steps_per_epoch: int | None,
+    sampler: Any,
+    load_optimizer: Callable[[], None],
+    lr_scheduler: Any = None,
+    finetuning_schedule: Any = None,
+    logger: logging.Logger = log,
+) -> tuple[int, int]:
+    """Puts a run back where :func:`progress_state` left it; call it last in setup.
+
+    In order: the finetuning schedule's phase (its param groups must exist before the optimizer state loads into
+    them), ``load_optimizer()``, the LR scheduler, the sampler's position, and the RNG states last (setup drew
+    random numbers that the uninterrupted run did not).
+
+    Args:
+        state (Mapping[str, Any]): what :func:`progress_state` returned, as saved.
+        seed (int): this run's seed (a different one is warned about: the data order changes).
+        max_steps_per_epoch (int | None): this run's cap (likewise).
+        sampler (Any): the training sampler.
+        load_optimizer (Callable[[], None]): loads the optimizer state (the recipe knows where it is saved).
+        lr_scheduler (Any): the LR scheduler, or ``None``.
+        finetuning_schedule (Any): the ``FinetuningSchedule``, or ``None``.
+        logger (logging.Logger): where the lines about the restore go (on rank 0 only).
+
+    Returns:
+        tuple[int, int]: ``(epochs_run, global_step)``.
+
+    Raises:
+        TuneError: when the saved data position cannot be resumed (a different dataset, shuffle or number of
+            data-parallel ranks), naming what changed.
+    """
+    if state[SEED_KEY] != seed or state[MAX_STEPS_KEY] != max_steps_per_epoch:
+        log_rank_zero(
+            logger,
+            f"Resuming with seed={seed}, max_steps_per_epoch={max_steps_per_epoch} but the checkpoint was written "
+            f"with {state[SEED_KEY]}, {state[MAX_STEPS_KEY]}: the resumed run will not see the data an "
+            "uninterrupted run would.",
+            logging.WARNING,
+        )
+    if finetuning_schedule is not None and state.get(FINETUNING_SCHEDULE_KEY) is not None:
+        for line in finetuning_schedule.load_state_dict(state[FINETUNING_SCHEDULE_KEY]):
+            log_rank_zero(logger, line)
+    load_optimizer()
+    if lr_scheduler is not None and state[LR_SCHEDULER_KEY] is not None:
+        lr_scheduler.load_state_dict(state[LR_SCHEDULER_KEY])
+    try:
+        sampler.load_state_dict(state[DATALOADER_KEY])
+    except ValueError as err:
+        raise TuneError(f"resume_from_checkpoint: {err}") from err
+    set_rng_state(state[RNG_KEY])
+    return state[EPOCHS_KEY], state[STEPS_KEY]
+
+
+def prepare_loss(loss_fn: nn.Module, model: nn.Module, *, compile: bool = False) -> nn.Module:
+    """Fits the configured loss to the model's output, the same way in every recipe.
+
+    ``CEWithChunkedOutputLoss`` (the name torchtune's configs use) becomes :class:`LinearCrossEntropyLoss` when
+    the model can skip its output projection: the same sum of token losses, but the projection runs inside the
+    loss one chunk at a time, so full ``[tokens, vocab]`` logits never exist. A loss with ``set_model_output``
+    then takes over the model's output layer. With ``compile`` the loss is compiled.
+
+    Args:
+        loss_fn (nn.Module): the loss as configured.
+        model (nn.Module): the model it scores.
+        compile (bool): compile the loss (``tune.training.compile_loss``).
+
+    Returns:
+        nn.Module: the loss to call as ``loss_fn(model_outputs, labels)``.
+    """
+    if isinstance(loss_fn, CEWithChunkedOutputLoss) and hasattr(model, "skip_output_layer"):
+        loss_fn = LinearCrossEntropyLoss(loss_fn.num_output_chunks, loss_fn.ignore_index, loss_fn.reduction)
+        log.info("loss: CEWithChunkedOutputLoss runs as LinearCrossEntropyLoss (same values, no full logits).")
+    if hasattr(loss_fn, "set_model_output"):
+        loss_fn.set_model_output(model)  # the model now returns hidden states; the loss projects them
+    if compile:
+        compile_loss(loss_fn)
+    return loss_fn
+
+
+def activation_offloading_context(enabled: bool, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the forward passes run in: :class:`OffloadActivations` when enabled and useful on ``device``,
+    else a no-op (with a warning when it was asked for but cannot help)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    supported, reason = activation_offloading_supported(device)
+    if not supported:
+        log.warning("enable_activation_offloading=True is ignored: %s", reason)
+        return contextlib.nullcontext()
+    return OffloadActivations()
+
+
+@torch.no_grad()
+def validation_loss(
+    loss_step: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, Any]],
+    batches: Iterable[dict[str, torch.Tensor]],
+    device: torch.device,
+    *,
+    max_steps: int | None = None,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[float, int]:
+    """The mean token loss over validation batches: the sum of every batch's summed loss over all loss tokens.
+
+    Args:
+        loss_step (Callable): the recipe's ``loss_step`` (returns the summed loss of a batch on the device).
+        batches (Iterable): the validation batches (on the CPU).
+        device (torch.device): where the model runs.
+        max_steps (int | None): read at most this many batches.
+        all_reduce (Callable | None): sums a tensor over the data-parallel ranks (distributed recipes).
+
+    Returns:
+        tuple[float, int]: the mean loss and the number of loss tokens (over all ranks).
+    """
+    totals = torch.zeros(2, dtype=torch.float32, device=device)  # summed loss, loss tokens
+    for i, batch in enumerate(batches):
+        if max_steps is not None and i >= max_steps:
+            break
+        totals[1] += num_loss_tokens(shift_labels(batch["labels"])).to(device)
+        loss_sum, _ = loss_step({k: v.to(device) for k, v in batch.items()})
+        totals[0] += loss_sum.detach().float()
+    if all_reduce is not None:
+        totals = all_reduce(totals)
+    loss, tokens = totals.tolist()
+    return loss / max(tokens, 1.0), int(tokens)
+
+
+def step_metrics(
+    *,
+    loss: float,
+    optimizer: torch.optim.Optimizer,
+    tokens_per_second: float,
+    grad_norm: torch.Tensor | None = None,
+    extra: Iterable[Mapping[str, Any]] = (),
+    memory_device: torch.device | None = None,
+) -> dict[str, Any]:
+    """What every recipe logs at a logging step: loss, lr, tokens/s, grad norm, the metrics of ``loss_step`` and of
+    the optimizer's ``step()``, and peak memory. Reads tensors: call it at logging steps only.
+
+    Args:
+        loss (float): the mean loss since the last logging step.
+        optimizer (torch.optim.Optimizer): for the current learning rate.
+        tokens_per_second (float): non-padding tokens per second (over all ranks for distributed recipes).
+        grad_norm (torch.Tensor | None): the last step's total gradient norm (None with optimizer_in_bwd).
+        extra (Iterable[Mapping[str, Any]]): more metrics; tensor values are read as numbers.
+        memory_device (torch.device | None): add the peak memory stats of this device (None: leave them out).
+
+    Returns:
+        dict[str, Any]: the metrics, for the metric logger.
+    """
+    from tune.training._memory import get_memory_stats
+    from tune.training.lr_schedulers import get_lr
+
+    metrics = {"loss": loss, "lr": get_lr(optimizer), "tokens_per_second": tokens_per_second}
+    if grad_norm is not None:
+        metrics["grad_norm"] = grad_norm.item()
+    for more in extra:
+        metrics.update({k: v.item() if torch.is_tensor(v) else v for k, v in more.items()})
+    if memory_device is not None:
+        metrics.update(get_memory_stats(memory_device))
+    return metrics
