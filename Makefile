@@ -1,4 +1,4 @@
-# `make test` and `make demo` work on a fresh Linux machine with Python 3.10+ and only the package index.
+# `make lint`, `make test` and `make demo` work on a fresh Linux machine with Python 3.10+ and only the package index.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -21,6 +21,12 @@ test: setup
 
 test-all: setup
 	$(BIN)/python -m pytest -n 2 --timeout 1800 $(PYTEST_ARGS)
+
+# formatting, lint rules and the import contracts (all configured in pyproject.toml); changes no file
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 demo: setup
 	bash demo/run_demo.sh $(BIN)
