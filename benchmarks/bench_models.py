@@ -163,10 +163,14 @@ def main(argv=None) -> None:
                 out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
                 runs.setdefault(impl, []).append(json.loads(out.strip().splitlines()[-1]))
     results = [_summarise(impl, impl_runs) for impl, impl_runs in runs.items()]
-    print(f"batch {args.batch_size} x seq {args.seq_len}, {args.dtype}, {args.device}, "
-          f"{args.rounds} rounds x {args.steps} timed steps (best and median step)")
-    header = (f"{'impl':<13}{'params (M)':>11}{'tokens/s best':>15}{'tokens/s median':>17}{'CPU s/step':>12}"
-              f"{'peak mem (MB)':>15}{'step growth (MB)':>18}")
+    print(
+        f"batch {args.batch_size} x seq {args.seq_len}, {args.dtype}, {args.device}, "
+        f"{args.rounds} rounds x {args.steps} timed steps (best and median step)"
+    )
+    header = (
+        f"{'impl':<13}{'params (M)':>11}{'tokens/s best':>15}{'tokens/s median':>17}{'CPU s/step':>12}"
+        f"{'peak mem (MB)':>15}{'step growth (MB)':>18}"
+    )
     print(header)
     for r in results:
         print(

@@ -67,7 +67,9 @@ def _matmul_ceiling(bench: Path, threads: int) -> float:
     """The harness's fp32 matmul ceiling (GFLOP/s), measured in a fresh process with the runs' thread count."""
     out = bench / "work" / "matmul_ceiling.json"
     subprocess.run(
-        [sys.executable, "matmul_ceiling.py", "--threads", str(threads), "--out", str(out)], cwd=bench, check=True,
+        [sys.executable, "matmul_ceiling.py", "--threads", str(threads), "--out", str(out)],
+        cwd=bench,
+        check=True,
         capture_output=True,
     )
     return json.loads(out.read_text())["ceiling_gflops"]
@@ -118,8 +120,9 @@ def _throughput(steps: list[tuple[int, float, float]]) -> float:
     return tokens / (window[-1][1] - window[0][1])
 
 
-def _run(system: str, python: str, bench: Path, name: str, steps: int, packed: bool, rep: int,
-         extra: list[str]) -> dict:
+def _run(
+    system: str, python: str, bench: Path, name: str, steps: int, packed: bool, rep: int, extra: list[str]
+) -> dict:
     recipe = RECIPES[name.rsplit("_", 1)[0]][0]
     config = bench / "configs" / "torchtune" / f"{name}.yaml" if system == "torchtune" else _tune_config(bench, name)
     out = Path("work") / "runs" / f"{system}_{name}_{'packed' if packed else 'unpacked'}_{rep}"
@@ -137,8 +140,12 @@ def _run(system: str, python: str, bench: Path, name: str, steps: int, packed: b
         print(tail, file=sys.stderr)
         raise SystemExit(f"{system} {name} (packed={packed}) failed with exit status {status}")
     first, last = _losses(system, bench / out)
-    return {"tokens_per_second": _throughput(_steps(system, bench / out)), "peak_rss_mib": peak_mib,
-            "loss_first": first, "loss_last": last}
+    return {
+        "tokens_per_second": _throughput(_steps(system, bench / out)),
+        "peak_rss_mib": peak_mib,
+        "loss_first": first,
+        "loss_last": last,
+    }
 
 
 def _non_embedding_params(bench: Path, size: str) -> int:
@@ -153,12 +160,20 @@ def _rows(results: dict, bench: Path, ceiling: float) -> list[dict]:
     rows = []
     for (name, size, data, system), runs in results.items():
         tps = statistics.mean(r["tokens_per_second"] for r in runs)
-        rows.append({
-            "recipe": name, "size": size, "data": data, "system": system, "runs": runs, "tokens_per_second": tps,
-            "peak_rss_mib": statistics.mean(r["peak_rss_mib"] for r in runs),
-            "loss_first": runs[0]["loss_first"], "loss_last": runs[0]["loss_last"],
-            "mfu": RECIPES[name][1] * _non_embedding_params(bench, size) * tps / (ceiling * 1e9),
-        })
+        rows.append(
+            {
+                "recipe": name,
+                "size": size,
+                "data": data,
+                "system": system,
+                "runs": runs,
+                "tokens_per_second": tps,
+                "peak_rss_mib": statistics.mean(r["peak_rss_mib"] for r in runs),
+                "loss_first": runs[0]["loss_first"],
+                "loss_last": runs[0]["loss_last"],
+                "mfu": RECIPES[name][1] * _non_embedding_params(bench, size) * tps / (ceiling * 1e9),
+            }
+        )
     return rows
 
 
@@ -167,14 +182,17 @@ def _add_ratios(rows: list[dict]) -> None:
     for row in rows:
         peer = peers.get((row["recipe"], row["size"], row["data"]))
         if row["system"] != "torchtune" and peer is not None:
-            row["ratio"] = {"tokens_per_second": row["tokens_per_second"] / peer["tokens_per_second"],
-                            "peak_rss": row["peak_rss_mib"] / peer["peak_rss_mib"]}
+            row["ratio"] = {
+                "tokens_per_second": row["tokens_per_second"] / peer["tokens_per_second"],
+                "peak_rss": row["peak_rss_mib"] / peer["peak_rss_mib"],
+            }
 
 
 def _table(rows: list[dict], ceiling: float, note: str) -> str:
     order = {"small": 0, "medium": 1, "lora_qv": 0, "lora_all": 1, "full": 2, "unpacked": 0, "packed": 1}
-    rows = sorted(rows, key=lambda r: (order[r["size"]], order[r["recipe"]], order[r["data"]], r["system"] != "tune",
-                                       r["system"]))
+    rows = sorted(
+        rows, key=lambda r: (order[r["size"]], order[r["recipe"]], order[r["data"]], r["system"] != "tune", r["system"])
+    )
     lines = [
         f"fp32 matmul ceiling {ceiling:.1f} GFLOP/s; {note}; tokens/s = mean over reps of non-padding tokens/s "
         f"(steps {WARMUP_STEPS + 1}..N); ratio = this system / torchtune 0.6.1",
@@ -268,8 +286,10 @@ def main() -> None:
     ceiling = max(ceiling_before, ceiling_after)
     rows = _rows(results, bench, ceiling)
     _add_ratios(rows)
-    note = (f"{threads} torch threads, ceiling before {ceiling_before:.0f} / after {ceiling_after:.0f}; steps small "
-            f"{steps['small']}, medium {steps['medium']}; {args.reps} rep(s)")
+    note = (
+        f"{threads} torch threads, ceiling before {ceiling_before:.0f} / after {ceiling_after:.0f}; steps small "
+        f"{steps['small']}, medium {steps['medium']}; {args.reps} rep(s)"
+    )
     table = _table(rows, ceiling, note)
     print(table)
     output = args.output or args.workdir / "bench_recipes.json"

@@ -104,7 +104,7 @@ def make_base_model(vocab_size: int, out_dir: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = family_for_hf_model_type(config["model_type"]).from_hf_config(config)
     # GPT-2/Llama-style initialisation (normal, std 0.02) so training from scratch is well conditioned
-    for name, param in model.named_parameters():
+    for param in model.parameters():
         if param.dim() >= 2:
             torch.nn.init.normal_(param, mean=0.0, std=0.02)
     out_dir.mkdir(parents=True, exist_ok=True)

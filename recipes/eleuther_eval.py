@@ -168,11 +168,13 @@ class EleutherEvalRecipe:
             model = config.instantiate(cfg.model)
         if get_adapter_params(model):
             if training.ADAPTER_KEY not in ckpt:
-                raise config.ConfigError(config.ConfigProblem(
-                    "checkpointer.adapter_checkpoint",
-                    f"is not set, but model._component_={cfg.model._component_} builds LoRA layers: name the adapter, "
-                    "or use the base model builder",
-                ))
+                raise config.ConfigError(
+                    config.ConfigProblem(
+                        "checkpointer.adapter_checkpoint",
+                        f"is not set, but model._component_={cfg.model._component_} builds LoRA layers: name the "
+                        "adapter, or use the base model builder",
+                    )
+                )
             missing, unexpected = model.load_state_dict(ckpt[training.MODEL_KEY], strict=False)
             validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="base")
             missing, unexpected = model.load_state_dict(ckpt[training.ADAPTER_KEY], strict=False)

@@ -125,7 +125,10 @@ class FullFinetuneRecipeDistributed:
         self._tp_size = training.tensor_parallel_size(self._mesh)
         log_info(
             "%d processes: %d data-parallel shard(s) x %d tensor-parallel rank(s), backend %s.",
-            self._world_size, self._dp_size, self._tp_size, dist.get_backend(),
+            self._world_size,
+            self._dp_size,
+            self._tp_size,
+            dist.get_backend(),
         )
 
     # ------------------------------------------------------------------------------------------------ checkpoint
@@ -208,7 +211,9 @@ class FullFinetuneRecipeDistributed:
         )
         log_info(
             "Resumed from %s after %d optimizer steps (%d epochs complete).",
-            self._dcp_checkpointer.resume_dir, self.global_step, self.epochs_run,
+            self._dcp_checkpointer.resume_dir,
+            self.global_step,
+            self.epochs_run,
         )
 
     def _load_sharded_state(self) -> None:
@@ -230,7 +235,7 @@ class FullFinetuneRecipeDistributed:
         state = get_optimizer_state_dict(self._model, self._optimizer)
         saved = FileSystemReader(str(self._dcp_checkpointer.resume_dir)).read_metadata().state_dict_metadata
         prefix = f"{training.OPT_KEY}.state."
-        stepped = {key[len(prefix):].rsplit(".", 1)[0] for key in saved if key.startswith(prefix)}
+        stepped = {key[len(prefix) :].rsplit(".", 1)[0] for key in saved if key.startswith(prefix)}
         state["state"] = {name: value for name, value in state["state"].items() if name in stepped}
         return state
 
@@ -296,9 +301,7 @@ class FullFinetuneRecipeDistributed:
         )
         if self._compile:
             training.compile_model(model)
-        self._activations_ctx = training.activation_offloading_context(
-            self._enable_activation_offloading, self._device
-        )
+        self._activations_ctx = training.activation_offloading_context(self._enable_activation_offloading, self._device)
         num_params = sum(p.numel() for p in model.parameters())  # DTensors report their full sizes
         log_info("Model: %s parameters in %s, sharded over %d ranks.", f"{num_params:,}", self._dtype, self._world_size)
         return model

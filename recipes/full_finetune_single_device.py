@@ -110,18 +110,20 @@ class FullFinetuneRecipeSingleDevice:
         state = {training.MODEL_KEY: self._model.state_dict()}
         if intermediate:
             state[training.OPT_KEY] = self._optimizer.state_dict()
-            state.update(training.progress_state(
-                seed=self._seed,
-                epochs_run=self.epochs_run,
-                total_epochs=self._epochs,
-                max_steps_per_epoch=self._max_steps_per_epoch,
-                global_step=self.global_step,
-                steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
-                samples_per_step=self._gradient_accumulation_steps * self._batch_size,
-                sampler=self._sampler,
-                lr_scheduler=self._lr_scheduler,
-                finetuning_schedule=self._finetuning_schedule,
-            ))
+            state.update(
+                training.progress_state(
+                    seed=self._seed,
+                    epochs_run=self.epochs_run,
+                    total_epochs=self._epochs,
+                    max_steps_per_epoch=self._max_steps_per_epoch,
+                    global_step=self.global_step,
+                    steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
+                    samples_per_step=self._gradient_accumulation_steps * self._batch_size,
+                    sampler=self._sampler,
+                    lr_scheduler=self._lr_scheduler,
+                    finetuning_schedule=self._finetuning_schedule,
+                )
+            )
         self._checkpointer.save_checkpoint(
             state, epoch=self.epochs_run, step=self.global_step, intermediate_checkpoint=intermediate, config=self._cfg
         )
@@ -182,9 +184,7 @@ class FullFinetuneRecipeSingleDevice:
         model = self._apply_model_converters(model)
         if self._compile:
             training.compile_model(model)
-        self._activations_ctx = training.activation_offloading_context(
-            self._enable_activation_offloading, self._device
-        )
+        self._activations_ctx = training.activation_offloading_context(self._enable_activation_offloading, self._device)
         num_params = sum(p.numel() for p in model.parameters())
         log.info("Model: %s parameters in %s on %s.", f"{num_params:,}", self._dtype, self._device)
         return model

@@ -46,9 +46,12 @@ class InferenceRecipe:
         self._top_p = cfg.get("top_p", None)  # ours: torchtune configs have no nucleus sampling
         self._enable_kv_cache = cfg.get("enable_kv_cache", True)
         if cfg.get("quantizer", None) is not None:
-            raise config.ConfigError(config.ConfigProblem(
-                "quantizer", "is not supported by this recipe; set quantizer=null (quantise with recipes/quantize.py)"
-            ))
+            raise config.ConfigError(
+                config.ConfigProblem(
+                    "quantizer",
+                    "is not supported by this recipe; set quantizer=null (quantise with recipes/quantize.py)",
+                )
+            )
 
     def load_checkpoint(self, cfg_checkpointer: DictConfig) -> dict[str, Any]:
         """Reads the model weights, and the adapter when the checkpointer names one.
@@ -71,11 +74,14 @@ class InferenceRecipe:
             # base weights first (adapter keys missing), then the adapter on top, kept unmerged
             adapter = ckpt.get(training.ADAPTER_KEY)
             if adapter is None:
-                raise config.ConfigError(config.ConfigProblem(
-                    "checkpointer.adapter_checkpoint",
-                    f"is not set, but model._component_={cfg.model._component_} builds LoRA layers: name the adapter "
-                    "(a PEFT directory or adapter_model.safetensors, ours or Hugging Face's), or use the base builder",
-                ))
+                raise config.ConfigError(
+                    config.ConfigProblem(
+                        "checkpointer.adapter_checkpoint",
+                        f"is not set, but model._component_={cfg.model._component_} builds LoRA layers: name the "
+                        "adapter (a PEFT directory or adapter_model.safetensors, ours or Hugging Face's), or use the "
+                        "base builder",
+                    )
+                )
             missing, unexpected = model.load_state_dict(ckpt[training.MODEL_KEY], strict=False)
             validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="base")
             missing, unexpected = model.load_state_dict(adapter, strict=False)
@@ -93,9 +99,13 @@ class InferenceRecipe:
         if messages_cfg is not None:
             items = OmegaConf.to_container(messages_cfg, resolve=True)
             if not isinstance(messages_cfg, ListConfig) or not items:
-                raise config.ConfigError(config.ConfigProblem(
-                    "messages", "must be a non-empty list of {role, content}, e.g. '[{role: user, content: Hi}]'", items
-                ))
+                raise config.ConfigError(
+                    config.ConfigProblem(
+                        "messages",
+                        "must be a non-empty list of {role, content}, e.g. '[{role: user, content: Hi}]'",
+                        items,
+                    )
+                )
             return [Message(role=m["role"], content=m["content"]) for m in items]
         if isinstance(prompt_cfg, str):
             return [Message(role="user", content=prompt_cfg)]
@@ -103,9 +113,12 @@ class InferenceRecipe:
             system = prompt_cfg.get("system", None)
             head = [Message(role="system", content=system)] if system else []
             return head + [Message(role="user", content=prompt_cfg.user)]
-        raise config.ConfigError(config.ConfigProblem(
-            "prompt", 'has nothing to generate from: set prompt.user="Tell me a joke.", or messages to a conversation'
-        ))
+        raise config.ConfigError(
+            config.ConfigProblem(
+                "prompt",
+                'has nothing to generate from: set prompt.user="Tell me a joke.", or messages to a conversation',
+            )
+        )
 
     @torch.inference_mode()
     def generate(self) -> str:

@@ -139,7 +139,10 @@ class LoRAFinetuneRecipeDistributed:
         self._tp_size = training.tensor_parallel_size(self._mesh)
         log_info(
             "%d processes: %d data-parallel shard(s) x %d tensor-parallel rank(s), backend %s.",
-            self._world_size, self._dp_size, self._tp_size, dist.get_backend(),
+            self._world_size,
+            self._dp_size,
+            self._tp_size,
+            dist.get_backend(),
         )
 
     # ------------------------------------------------------------------------------------------------ checkpoint
@@ -244,7 +247,9 @@ class LoRAFinetuneRecipeDistributed:
         )
         log_info(
             "Resumed from %s after %d optimizer steps (%d epochs complete).",
-            self._dcp_checkpointer.resume_dir, self.global_step, self.epochs_run,
+            self._dcp_checkpointer.resume_dir,
+            self.global_step,
+            self.epochs_run,
         )
 
     def _load_sharded_state(self) -> None:
@@ -266,7 +271,7 @@ class LoRAFinetuneRecipeDistributed:
         state = get_optimizer_state_dict(self._model, self._optimizer)
         saved = FileSystemReader(str(self._dcp_checkpointer.resume_dir)).read_metadata().state_dict_metadata
         prefix = f"{training.OPT_KEY}.state."
-        stepped = {key[len(prefix):].rsplit(".", 1)[0] for key in saved if key.startswith(prefix)}
+        stepped = {key[len(prefix) :].rsplit(".", 1)[0] for key in saved if key.startswith(prefix)}
         state["state"] = {name: value for name, value in state["state"].items() if name in stepped}
         return state
 
@@ -326,26 +331,29 @@ class LoRAFinetuneRecipeDistributed:
         self._shard_and_load(cfg, model, base_state_dict, adapter_state_dict)
         if self._compile:
             training.compile_model(model)
-        self._activations_ctx = training.activation_offloading_context(
-            self._enable_activation_offloading, self._device
-        )
+        self._activations_ctx = training.activation_offloading_context(self._enable_activation_offloading, self._device)
         num_params = sum(p.numel() for p in model.parameters())  # DTensors report their full sizes
         num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log_info(
             "Model: %s parameters, %s of them trainable adapter weights, in %s, sharded over %d ranks.",
-            f"{num_params:,}", f"{num_trainable:,}", self._dtype, self._world_size,
+            f"{num_params:,}",
+            f"{num_trainable:,}",
+            self._dtype,
+            self._world_size,
         )
         return model
 
     def _check_adapters(self, model: nn.Module, cfg_model: DictConfig) -> dict[str, nn.Parameter]:
         adapter_params = get_adapter_params(model)
         if not adapter_params:
-            raise config.ConfigError(config.ConfigProblem(
-                "model._component_",
-                "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
-                "builder, or the full_finetune_distributed recipe",
-                cfg_model._component_,
-            ))
+            raise config.ConfigError(
+                config.ConfigProblem(
+                    "model._component_",
+                    "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
+                    "builder, or the full_finetune_distributed recipe",
+                    cfg_model._component_,
+                )
+            )
         self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
         return adapter_params
 

@@ -128,21 +128,25 @@ class LoRAFinetuneRecipeSingleDevice:
         }
         if not self._save_adapter_weights_only:
             # the merged model has the base architecture: it loads without any LoRA code
-            state[training.MODEL_KEY] = get_merged_lora_ckpt(model_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"])
+            state[training.MODEL_KEY] = get_merged_lora_ckpt(
+                model_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"]
+            )
         if intermediate:
             state[training.OPT_KEY] = self._optimizer.state_dict()
-            state.update(training.progress_state(
-                seed=self._seed,
-                epochs_run=self.epochs_run,
-                total_epochs=self._epochs,
-                max_steps_per_epoch=self._max_steps_per_epoch,
-                global_step=self.global_step,
-                steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
-                samples_per_step=self._gradient_accumulation_steps * self._batch_size,
-                sampler=self._sampler,
-                lr_scheduler=self._lr_scheduler,
-                finetuning_schedule=self._finetuning_schedule,
-            ))
+            state.update(
+                training.progress_state(
+                    seed=self._seed,
+                    epochs_run=self.epochs_run,
+                    total_epochs=self._epochs,
+                    max_steps_per_epoch=self._max_steps_per_epoch,
+                    global_step=self.global_step,
+                    steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
+                    samples_per_step=self._gradient_accumulation_steps * self._batch_size,
+                    sampler=self._sampler,
+                    lr_scheduler=self._lr_scheduler,
+                    finetuning_schedule=self._finetuning_schedule,
+                )
+            )
         self._checkpointer.save_checkpoint(
             state,
             epoch=self.epochs_run,
@@ -206,12 +210,14 @@ class LoRAFinetuneRecipeSingleDevice:
             model = config.instantiate(cfg_model)
         adapter_params = get_adapter_params(model)
         if not adapter_params:
-            raise config.ConfigError(config.ConfigProblem(
-                "model._component_",
-                "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
-                "builder, or the full_finetune_single_device recipe",
-                cfg_model._component_,
-            ))
+            raise config.ConfigError(
+                config.ConfigProblem(
+                    "model._component_",
+                    "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
+                    "builder, or the full_finetune_single_device recipe",
+                    cfg_model._component_,
+                )
+            )
         set_trainable_params(model, adapter_params)  # only the adapters learn
         self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
         if self._enable_activation_checkpointing:
@@ -225,14 +231,15 @@ class LoRAFinetuneRecipeSingleDevice:
         model = self._apply_model_converters(model)
         if self._compile:
             training.compile_model(model)
-        self._activations_ctx = training.activation_offloading_context(
-            self._enable_activation_offloading, self._device
-        )
+        self._activations_ctx = training.activation_offloading_context(self._enable_activation_offloading, self._device)
         num_params = sum(p.numel() for p in model.parameters())
         num_trainable = sum(p.numel() for p in adapter_params.values())
         log.info(
             "Model: %s parameters, %s of them trainable adapter weights, in %s on %s.",
-            f"{num_params:,}", f"{num_trainable:,}", self._dtype, self._device,
+            f"{num_params:,}",
+            f"{num_trainable:,}",
+            self._dtype,
+            self._device,
         )
         return model
 

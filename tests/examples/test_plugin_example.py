@@ -22,9 +22,21 @@ def site(tmp_path_factory) -> Path:
     """A folder holding the installed distribution (package + dist-info with its entry points)."""
     target = tmp_path_factory.mktemp("plugin_site")
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
-         str(target), str(PLUGIN)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(PLUGIN),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (target / "tune_plugin_example" / "configs" / "tune_example" / "tiny.yaml").is_file()
@@ -33,8 +45,9 @@ def site(tmp_path_factory) -> Path:
 
 def _tune(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
-    return subprocess.run([sys.executable, "-m", "tune._cli.main", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tune._cli.main", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_tune_ls_lists_the_plugin_recipe_with_its_config(site, tmp_path):

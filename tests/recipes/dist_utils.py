@@ -10,8 +10,11 @@ import torch
 from tests.recipes.utils import ASSETS, ROOT, pad_batch, read_jsonl, tiny_dataset
 
 VAL = [  # the validation split of the tiny assets, evaluated every 5 steps
-    "dataset_val._component_=tune.datasets.alpaca_dataset", "dataset_val.source=json",
-    "dataset_val.data_files=${assets_dir}/val.json", "dataset_val.split=train", "dataset_val.train_on_input=False",
+    "dataset_val._component_=tune.datasets.alpaca_dataset",
+    "dataset_val.source=json",
+    "dataset_val.data_files=${assets_dir}/val.json",
+    "dataset_val.split=train",
+    "dataset_val.train_on_input=False",
     "run_val_every_n_steps=5",
 ]
 
@@ -25,8 +28,19 @@ def run_distributed(
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ASSETS), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "tune._cli.main", "run", "--standalone", "--nproc_per_node", str(nproc), recipe,
-           "--config", str(config), *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tune._cli.main",
+        "run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        recipe,
+        "--config",
+        str(config),
+        *overrides,
+    ]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 or not check, (
         f"`{' '.join(cmd)}` exited with {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
@@ -56,4 +70,3 @@ def validation_logits(model: torch.nn.Module, assets: Path) -> torch.Tensor:
     tokens, _ = pad_batch([dataset[i] for i in range(4)])
     with torch.no_grad():
         return model.eval()(input_ids=tokens).logits
-

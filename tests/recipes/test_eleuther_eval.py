@@ -96,7 +96,10 @@ def _greedy_answer(model, tokenizer, question: str) -> str:
     prompt = tokenizer.encode(f"Question: {question}\nAnswer:", add_bos=True, add_eos=False)
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=MAX_GEN_TOKS, do_sample=False, eos_token_id=tokenizer.eos_id,
+            torch.tensor([prompt]),
+            max_new_tokens=MAX_GEN_TOKS,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_id,
             pad_token_id=tokenizer.pad_id,
         )
     new = out[0, len(prompt) :].tolist()

@@ -62,7 +62,7 @@ def _losses(out: Path) -> dict[int, float]:
 def _schedule_lines(stderr: str) -> list[str]:
     """The schedule's log lines: its description at setup (a header and one line per phase) and its transitions."""
     # a log line may follow the progress bar's last redraw on the same line of stderr
-    lines = [line[line.index("INFO:"):] for line in stderr.splitlines() if "INFO:" in line]
+    lines = [line[line.index("INFO:") :] for line in stderr.splitlines() if "INFO:" in line]
     return [line for line in lines if "finetuning schedule" in line or re.search(r":\s+phase \d+:", line)]
 
 
@@ -134,8 +134,10 @@ def test_qat_converter_trains_the_fake_quantised_model_and_it_quantises(tiny_ass
     fake_accuracy, fake_logits = _token_accuracy(converter.convert(trained), tiny_assets)
     real_accuracy, real_logits = _token_accuracy(converter.quantize(trained), tiny_assets)
     max_diff = (real_logits - fake_logits).abs().max().item()
-    print(f"QAT recipe run, validation next-token accuracy: float {float_accuracy:.4f}, fake-quantised "
-          f"{fake_accuracy:.4f}, int8/int4 {real_accuracy:.4f}; max |logit diff| {max_diff:.2e}")
+    print(
+        f"QAT recipe run, validation next-token accuracy: float {float_accuracy:.4f}, fake-quantised "
+        f"{fake_accuracy:.4f}, int8/int4 {real_accuracy:.4f}; max |logit diff| {max_diff:.2e}"
+    )
     assert real_accuracy == fake_accuracy
     assert max_diff < 1e-4 * fake_logits.abs().max().item()
 
@@ -157,8 +159,9 @@ def test_converters_in_a_wrong_order_are_refused_before_anything_is_loaded(tiny_
 def test_post_optimizer_hooks_run_after_each_step_with_optimizer_in_bwd(tiny_assets, tmp_path):
     out = tmp_path / "run"
     cap = "model_converters=[{_component_: extension_components.EmbeddingNormCapConverter, max_norm: 0.5}]"
-    run_recipe(FULL, FULL_CONFIG, _overrides(tiny_assets, out, cap, "optimizer_in_bwd=True", "optimizer.lr=1e-2"),
-               cwd=tmp_path)
+    run_recipe(
+        FULL, FULL_CONFIG, _overrides(tiny_assets, out, cap, "optimizer_in_bwd=True", "optimizer.lr=1e-2"), cwd=tmp_path
+    )
     base = load_file(tiny_assets / "llama" / "model.safetensors")["model.embed_tokens.weight"]
     trained = load_file(out / "step_3" / "model.safetensors")["model.embed_tokens.weight"]
     # convert() capped the rows (initially ~0.08 * sqrt(128) = 0.9 long) to 0.5; Adam's steps of ~lr per
@@ -180,10 +183,16 @@ def test_gradual_unfreezing_trains_each_phase_only_after_its_transition_and_resu
     print("\n".join(lines))
     transitions = [line for line in lines if " -> " in line]
     assert len(transitions) == 2
-    assert re.search(r"phase 0 -> 1 at step 1 \(epoch 0, after_steps=1 reached\): 9 tensors \([\d,]+ values\) "
-                     r"matching layers\.1\.\* join the optimizer as param group 1 \(lr 0\.0005\)", transitions[0])
-    assert re.search(r"phase 1 -> 2 at step 3 \(epoch 0, after_steps=2 reached\): 4 tensors \([\d,]+ values\) "
-                     r"matching re:layers\\\.0\\\.attn\\\.\.\* join the optimizer as param group 2", transitions[1])
+    assert re.search(
+        r"phase 0 -> 1 at step 1 \(epoch 0, after_steps=1 reached\): 9 tensors \([\d,]+ values\) "
+        r"matching layers\.1\.\* join the optimizer as param group 1 \(lr 0\.0005\)",
+        transitions[0],
+    )
+    assert re.search(
+        r"phase 1 -> 2 at step 3 \(epoch 0, after_steps=2 reached\): 4 tensors \([\d,]+ values\) "
+        r"matching re:layers\\\.0\\\.attn\\\.\.\* join the optimizer as param group 2",
+        transitions[1],
+    )
 
     # which weights each checkpoint changed, against the initial ones (HF names)
     base = load_file(tiny_assets / "llama" / "model.safetensors")
@@ -204,8 +213,9 @@ def test_gradual_unfreezing_trains_each_phase_only_after_its_transition_and_resu
     uninterrupted = _losses(out)
     for name in ("step_3", "step_4", "logs"):
         shutil.rmtree(out / name)
-    proc = run_recipe(FULL, FULL_CONFIG, _overrides(tiny_assets, out, *common, "resume_from_checkpoint=True"),
-                      cwd=tmp_path)
+    proc = run_recipe(
+        FULL, FULL_CONFIG, _overrides(tiny_assets, out, *common, "resume_from_checkpoint=True"), cwd=tmp_path
+    )
     assert "finetuning schedule: resumed in phase 1 of 3 (began at step 1, epoch 0)" in proc.stderr
     assert "phase 1 -> 2 at step 3" in proc.stderr
     resumed = _losses(out)
@@ -218,9 +228,12 @@ def test_on_plateau_transition_follows_the_validation_loss(tiny_assets, tmp_path
     # phase 0 trains at lr 0 (AdamW's decoupled decay is scaled by lr too): the validation loss stays exactly the
     # same, so the first validation sets the best and the second, not improving on it, ends the phase
     val = [
-        "dataset_val._component_=tune.datasets.alpaca_dataset", "dataset_val.source=json",
-        f"dataset_val.data_files={tiny_assets}/val.json", "dataset_val.split=train",
-        "dataset_val.train_on_input=False", "run_val_every_n_steps=1",
+        "dataset_val._component_=tune.datasets.alpaca_dataset",
+        "dataset_val.source=json",
+        f"dataset_val.data_files={tiny_assets}/val.json",
+        "dataset_val.split=train",
+        "dataset_val.train_on_input=False",
+        "run_val_every_n_steps=1",
     ]
     schedule = "finetuning_schedule=[{params: [output], lr: 0.0, transition: {on_plateau: 1}}, {params: [norm]}]"
     out = tmp_path / "run"
@@ -233,8 +246,12 @@ def test_on_plateau_transition_follows_the_validation_loss(tiny_assets, tmp_path
 
 def test_auto_schedule_unfreezes_lora_adapters_from_the_last_layer(tiny_assets, tmp_path):
     out = tmp_path / "run"
-    extra = ["finetuning_schedule=auto", "finetuning_schedule_auto_transition={after_steps: 1}",
-             "save_every_n_steps=1", "save_adapter_weights_only=True"]
+    extra = [
+        "finetuning_schedule=auto",
+        "finetuning_schedule_auto_transition={after_steps: 1}",
+        "save_every_n_steps=1",
+        "save_adapter_weights_only=True",
+    ]
     proc = run_recipe(LORA, LORA_CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path)
     # the adapters are all inside layers.0 / layers.1: one phase per layer, the last layer first
     assert "finetuning schedule: 2 phases" in proc.stderr
@@ -254,15 +271,18 @@ def test_auto_schedule_unfreezes_lora_adapters_from_the_last_layer(tiny_assets, 
     "extra, fragments",
     [
         (["optimizer_in_bwd=True"], ["finetuning_schedule: cannot be combined with optimizer_in_bwd: True"]),
-        (["finetuning_schedule=[{params: [output], transition: {after_steps: 1}}, {params: ['layers.7.*']}]"],
-         ["finetuning_schedule[1].params: 'layers.7.*' matches no parameter"]),
+        (
+            ["finetuning_schedule=[{params: [output], transition: {after_steps: 1}}, {params: ['layers.7.*']}]"],
+            ["finetuning_schedule[1].params: 'layers.7.*' matches no parameter"],
+        ),
     ],
     ids=["optimizer_in_bwd", "unmatched_pattern"],
 )
 def test_a_schedule_that_cannot_run_is_a_clear_error(tiny_assets, tmp_path, extra, fragments):
     schedule = [] if any(e.startswith("finetuning_schedule") for e in extra) else [SCHEDULE]
-    proc = run_recipe(FULL, FULL_CONFIG, _overrides(tiny_assets, tmp_path / "run", *schedule, *extra),
-                      cwd=tmp_path, check=False)
+    proc = run_recipe(
+        FULL, FULL_CONFIG, _overrides(tiny_assets, tmp_path / "run", *schedule, *extra), cwd=tmp_path, check=False
+    )
     _assert_clear_error(proc, *fragments)
 
 
@@ -283,8 +303,17 @@ def outside_project(tiny_assets, tmp_path) -> tuple[Path, Path]:
     (user / "my_project").mkdir(parents=True)
     (user / "my_project" / "__init__.py").write_text("")
     shutil.copy(Path(__file__).parent / "_outside_family.py", user / "my_project" / "components.py")
-    gpt2 = GPT2Config(vocab_size=VOCAB_SIZE, n_positions=MAX_SEQ_LEN, tie_word_embeddings=False, resid_pdrop=0.0,
-                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2, **GPT2_SIZES)
+    gpt2 = GPT2Config(
+        vocab_size=VOCAB_SIZE,
+        n_positions=MAX_SEQ_LEN,
+        tie_word_embeddings=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **GPT2_SIZES,
+    )
     torch.manual_seed(0)
     GPT2LMHeadModel(gpt2).save_pretrained(user / "gpt2")
 
@@ -330,8 +359,18 @@ def test_tune_validate_honours_imports_and_checks_schedule_patterns_against_the_
     user, config_path = outside_project
 
     def validate(*overrides: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "tune._cli.main", "validate", str(config_path), "--recipe", FULL,
-               "assets_dir=/data", "output_dir=/tmp/out", *overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tune._cli.main",
+            "validate",
+            str(config_path),
+            "--recipe",
+            FULL,
+            "assets_dir=/data",
+            "output_dir=/tmp/out",
+            *overrides,
+        ]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user), str(ROOT)])}
         return subprocess.run(cmd, cwd=user, env=env, capture_output=True, text=True, timeout=120)
 
@@ -349,5 +388,6 @@ def test_tune_validate_honours_imports_and_checks_schedule_patterns_against_the_
 
     proc = validate("imports=[my_project.components, my_project.missing]")
     assert proc.returncode == 1
-    assert ("imports[1] = 'my_project.missing': cannot import the module: there is no module named "
-            "'my_project.missing'") in proc.stdout
+    assert (
+        "imports[1] = 'my_project.missing': cannot import the module: there is no module named 'my_project.missing'"
+    ) in proc.stdout

@@ -30,15 +30,24 @@ def _overrides(assets: Path, out: Path, *extra: str) -> list[str]:
 
 def test_two_ranks_match_one_device_with_and_without_accumulation(tiny_assets, tmp_path):
     single, two, accumulated = tmp_path / "single", tmp_path / "two_ranks", tmp_path / "accumulated"
-    run_recipe("full_finetune_single_device", CONFIG, _overrides(tiny_assets, single, "batch_size=4", *VAL),
-               cwd=tmp_path)
+    run_recipe(
+        "full_finetune_single_device", CONFIG, _overrides(tiny_assets, single, "batch_size=4", *VAL), cwd=tmp_path
+    )
     # activation checkpointing on, and saves every 2 steps: neither may change the numbers
-    run_distributed(RECIPE, CONFIG, _overrides(
-        tiny_assets, two, "batch_size=2", "save_every_n_steps=2", "enable_activation_checkpointing=True", *VAL
-    ), cwd=tmp_path)
-    run_distributed(RECIPE, CONFIG, _overrides(
-        tiny_assets, accumulated, "batch_size=1", "gradient_accumulation_steps=2"
-    ), cwd=tmp_path)
+    run_distributed(
+        RECIPE,
+        CONFIG,
+        _overrides(
+            tiny_assets, two, "batch_size=2", "save_every_n_steps=2", "enable_activation_checkpointing=True", *VAL
+        ),
+        cwd=tmp_path,
+    )
+    run_distributed(
+        RECIPE,
+        CONFIG,
+        _overrides(tiny_assets, accumulated, "batch_size=1", "gradient_accumulation_steps=2"),
+        cwd=tmp_path,
+    )
     ref, got, got_accumulated = train_log(single), train_log(two), train_log(accumulated)
 
     assert sorted(got) == sorted(got_accumulated) == list(range(1, STEPS + 1))
@@ -105,8 +114,9 @@ def test_finetuning_schedule_converters_and_resume_across_two_ranks(tiny_assets,
     base = load_file(tiny_assets / "llama" / "model.safetensors")
     at_step_2, at_step_4 = (load_file(out / f"step_{n}" / "model.safetensors") for n in (2, 4))
     frozen = "model.layers.0.self_attn.q_proj.weight"
-    assert torch.equal(at_step_2[frozen], base[frozen]) and torch.equal(at_step_2["model.embed_tokens.weight"],
-                                                                        base["model.embed_tokens.weight"])
+    assert torch.equal(at_step_2[frozen], base[frozen]) and torch.equal(
+        at_step_2["model.embed_tokens.weight"], base["model.embed_tokens.weight"]
+    )
     assert not torch.equal(at_step_2["model.layers.1.mlp.up_proj.weight"], base["model.layers.1.mlp.up_proj.weight"])
     assert not torch.equal(at_step_4[frozen], base[frozen])  # phase 1 began after step 2
 
@@ -123,8 +133,12 @@ def test_finetuning_schedule_converters_and_resume_across_two_ranks(tiny_assets,
 
 def test_non_finite_loss_stops_every_rank_without_a_traceback(tiny_assets, tmp_path):
     out = tmp_path / "run"
-    extra = ["batch_size=2", "loss._component_=nan_loss.NaNAfterNCalls", "loss.num_finite_calls=2",
-             "save_every_n_steps=1"]
+    extra = [
+        "batch_size=2",
+        "loss._component_=nan_loss.NaNAfterNCalls",
+        "loss.num_finite_calls=2",
+        "save_every_n_steps=1",
+    ]
     proc = run_distributed(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path, check=False)
     assert proc.returncode == 1
     assert "The training loss is nan at step 3" in proc.stderr
@@ -148,7 +162,8 @@ def test_config_errors_are_reported_without_a_traceback(tiny_assets, tmp_path, e
 
 
 def test_single_device_recipe_refuses_torchrun_flags(tiny_assets, tmp_path):
-    proc = run_distributed("full_finetune_single_device", CONFIG, _overrides(tiny_assets, tmp_path / "run"),
-                           cwd=tmp_path, check=False)
+    proc = run_distributed(
+        "full_finetune_single_device", CONFIG, _overrides(tiny_assets, tmp_path / "run"), cwd=tmp_path, check=False
+    )
     assert proc.returncode == 1
     assert "does not support distributed runs" in proc.stderr and "full_finetune_distributed" in proc.stderr

@@ -58,7 +58,8 @@ def test_gradient_accumulation_2x2_equals_1x4(tiny_assets, tmp_path):
     sgd = ["optimizer._component_=torch.optim.SGD", "optimizer.lr=0.5"]
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, tmp_path / "a", *sgd, "batch_size=4"), cwd=tmp_path)
     run_recipe(
-        RECIPE, CONFIG,
+        RECIPE,
+        CONFIG,
         _overrides(tiny_assets, tmp_path / "b", *sgd, "batch_size=2", "gradient_accumulation_steps=2"),
         cwd=tmp_path,
     )
@@ -71,8 +72,13 @@ def test_gradient_accumulation_2x2_equals_1x4(tiny_assets, tmp_path):
 def test_resume_mid_epoch_reproduces_the_uninterrupted_run(tiny_assets, tmp_path):
     # 2 epochs of 3 steps, shuffled, accumulation 2; checkpoints after steps 2 (mid-epoch), 3, 4 and 6
     common = [
-        "shuffle=True", "batch_size=2", "gradient_accumulation_steps=2", "epochs=2", "save_every_n_steps=2",
-        "lr_scheduler._component_=tune.training.get_cosine_schedule_with_warmup", "lr_scheduler.num_warmup_steps=1",
+        "shuffle=True",
+        "batch_size=2",
+        "gradient_accumulation_steps=2",
+        "epochs=2",
+        "save_every_n_steps=2",
+        "lr_scheduler._component_=tune.training.get_cosine_schedule_with_warmup",
+        "lr_scheduler.num_warmup_steps=1",
     ]
     out = tmp_path / "run"
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *common), cwd=tmp_path)
@@ -93,9 +99,12 @@ def test_resume_mid_epoch_reproduces_the_uninterrupted_run(tiny_assets, tmp_path
 def test_validation_loss_is_logged_and_equals_the_checkpoint_loss(tiny_assets, tmp_path):
     out = tmp_path / "run"
     extra = [
-        "dataset_val._component_=tune.datasets.alpaca_dataset", "dataset_val.source=json",
-        f"dataset_val.data_files={tiny_assets}/val.json", "dataset_val.split=train",
-        "dataset_val.train_on_input=False", "run_val_every_n_steps=3",
+        "dataset_val._component_=tune.datasets.alpaca_dataset",
+        "dataset_val.source=json",
+        f"dataset_val.data_files={tiny_assets}/val.json",
+        "dataset_val.split=train",
+        "dataset_val.train_on_input=False",
+        "run_val_every_n_steps=3",
     ]
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path)
     val = [r for r in read_jsonl(out / "logs" / "log.jsonl") if "val_loss" in r]
@@ -121,7 +130,9 @@ def test_validation_loss_is_logged_and_equals_the_checkpoint_loss(tiny_assets, t
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_assets, tmp_path):
     out = tmp_path / "run"
     extra = [
-        "loss._component_=nan_loss.NaNAfterNCalls", "loss.num_finite_calls=2", "save_every_n_steps=1",
+        "loss._component_=nan_loss.NaNAfterNCalls",
+        "loss.num_finite_calls=2",
+        "save_every_n_steps=1",
         "keep_last_n_checkpoints=1",
     ]
     proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path, check=False)
@@ -141,7 +152,9 @@ def test_non_finite_loss_between_logging_steps_stops_at_its_own_step(tiny_assets
     # run at step 3, before its update is applied
     out = tmp_path / "run"
     extra = [
-        "loss._component_=nan_loss.NaNAfterNCalls", "loss.num_finite_calls=2", "log_every_n_steps=10",
+        "loss._component_=nan_loss.NaNAfterNCalls",
+        "loss.num_finite_calls=2",
+        "log_every_n_steps=10",
         "max_steps_per_epoch=6",
     ]
     proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path, check=False)
@@ -195,8 +208,11 @@ def test_compile_checkpointing_optimizer_in_backward_collator_and_profiler_keep_
         "enable_activation_offloading=True",  # no effect on CPU: warned about, not an error
         "optimizer_in_bwd=True",
         "collate_fn={_component_: user_components.PadToMultipleCollator, pad_to_multiple_of: 64}",
-        "profiler.enabled=True", f"profiler.output_dir={out}/profile", "profiler.wait_steps=0",
-        "profiler.warmup_steps=1", "profiler.active_steps=1",
+        "profiler.enabled=True",
+        f"profiler.output_dir={out}/profile",
+        "profiler.wait_steps=0",
+        "profiler.warmup_steps=1",
+        "profiler.active_steps=1",
     ]
     env = {"TORCH_COMPILE_BACKEND": "eager"}  # dynamo tracing without a C++ toolchain on the test machine
     proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path, env=env)
@@ -211,7 +227,10 @@ def test_compile_checkpointing_optimizer_in_backward_collator_and_profiler_keep_
 def test_packed_bf16_user_optimizer_and_scheduler(tiny_assets, tmp_path):
     out = tmp_path / "run"
     extra = [
-        "dataset.packed=True", "dtype=bf16", "max_steps_per_epoch=4", "log_every_n_steps=2",
+        "dataset.packed=True",
+        "dtype=bf16",
+        "max_steps_per_epoch=4",
+        "log_every_n_steps=2",
         "optimizer._component_=user_components.AdamWWithUpdateNorm",
         "lr_scheduler={_component_: torch.optim.lr_scheduler.StepLR, step_size: 1, gamma: 0.5}",
     ]

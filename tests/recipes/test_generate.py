@@ -30,7 +30,10 @@ def _hf_greedy_text(model, assets: Path, messages: list) -> str:
     prompt, _ = tokenizer.tokenize_messages(messages, add_end_tokens=False)
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=tokenizer.eos_id,
+            torch.tensor([prompt]),
+            max_new_tokens=MAX_NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_id,
             pad_token_id=tokenizer.pad_id,
         )
     new = out[0, len(prompt) :].tolist()

@@ -50,15 +50,32 @@ def _overrides(assets: Path, out: Path, adapter: Path, *extra: str) -> list[str]
 def test_two_ranks_match_one_device_and_outputs_load_in_peft(tiny_assets, tmp_path):
     adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter")
     single, two, accumulated = tmp_path / "single", tmp_path / "two_ranks", tmp_path / "accumulated"
-    run_recipe("lora_finetune_single_device", CONFIG, _overrides(tiny_assets, single, adapter, "batch_size=4", *VAL),
-               cwd=tmp_path)
-    run_distributed(RECIPE, CONFIG, _overrides(
-        tiny_assets, two, adapter, "batch_size=2", "save_every_n_steps=2", "enable_activation_checkpointing=True",
-        *VAL,
-    ), cwd=tmp_path)
-    run_distributed(RECIPE, CONFIG, _overrides(
-        tiny_assets, accumulated, adapter, "batch_size=1", "gradient_accumulation_steps=2"
-    ), cwd=tmp_path)
+    run_recipe(
+        "lora_finetune_single_device",
+        CONFIG,
+        _overrides(tiny_assets, single, adapter, "batch_size=4", *VAL),
+        cwd=tmp_path,
+    )
+    run_distributed(
+        RECIPE,
+        CONFIG,
+        _overrides(
+            tiny_assets,
+            two,
+            adapter,
+            "batch_size=2",
+            "save_every_n_steps=2",
+            "enable_activation_checkpointing=True",
+            *VAL,
+        ),
+        cwd=tmp_path,
+    )
+    run_distributed(
+        RECIPE,
+        CONFIG,
+        _overrides(tiny_assets, accumulated, adapter, "batch_size=1", "gradient_accumulation_steps=2"),
+        cwd=tmp_path,
+    )
     ref, got, got_accumulated = train_log(single), train_log(two), train_log(accumulated)
 
     assert sorted(got) == sorted(got_accumulated) == list(range(1, STEPS + 1))
@@ -90,9 +107,15 @@ def test_resume_across_two_ranks_reproduces_the_uninterrupted_run(tiny_assets, t
     adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter")
     out = tmp_path / "run"
     # the LR schedule and shuffling must resume exactly too
-    common = _overrides(tiny_assets, out, adapter, "batch_size=2", "save_every_n_steps=2",
-                        "lr_scheduler._component_=tune.training.get_cosine_schedule_with_warmup",
-                        "lr_scheduler.num_warmup_steps=1")
+    common = _overrides(
+        tiny_assets,
+        out,
+        adapter,
+        "batch_size=2",
+        "save_every_n_steps=2",
+        "lr_scheduler._component_=tune.training.get_cosine_schedule_with_warmup",
+        "lr_scheduler.num_warmup_steps=1",
+    )
     run_distributed(RECIPE, CONFIG, common, cwd=tmp_path)
     uninterrupted = train_log(out)
     for path in [out / "step_4", out / "step_5", out / "dcp" / "step_4", out / "logs"]:
@@ -108,8 +131,13 @@ def test_resume_across_two_ranks_reproduces_the_uninterrupted_run(tiny_assets, t
 @pytest.mark.slow
 def test_tensor_parallelism_is_refused_for_lora_layers(tiny_assets, tmp_path):
     adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter")
-    proc = run_distributed(RECIPE, CONFIG, _overrides(tiny_assets, tmp_path / "run", adapter, "tensor_parallel_dim=2"),
-                           cwd=tmp_path, check=False)
+    proc = run_distributed(
+        RECIPE,
+        CONFIG,
+        _overrides(tiny_assets, tmp_path / "run", adapter, "tensor_parallel_dim=2"),
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 1
     assert "is a LoRA/DoRA layer" in proc.stderr and "tensor_parallel_dim: 1" in proc.stderr
     assert "Traceback (most recent call last)" not in proc.stderr
@@ -120,8 +148,12 @@ def test_dora_two_ranks_match_one_device(tiny_assets, tmp_path):
     adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter", use_dora=True)  # with PEFT's magnitudes
     single, two = tmp_path / "single", tmp_path / "two_ranks"
     extra = ["model.use_dora=True", "max_steps_per_epoch=3"]
-    run_recipe("lora_finetune_single_device", CONFIG, _overrides(tiny_assets, single, adapter, "batch_size=4", *extra),
-               cwd=tmp_path)
+    run_recipe(
+        "lora_finetune_single_device",
+        CONFIG,
+        _overrides(tiny_assets, single, adapter, "batch_size=4", *extra),
+        cwd=tmp_path,
+    )
     run_distributed(RECIPE, CONFIG, _overrides(tiny_assets, two, adapter, "batch_size=2", *extra), cwd=tmp_path)
     loss_diff = max_difference(train_log(single), train_log(two), "loss")
     print(f"DoRA: max |loss(2 ranks) - loss(1 device)| = {loss_diff:.2e}")
@@ -134,18 +166,34 @@ def test_qlora_two_ranks_match_one_device(tiny_assets, tmp_path):
     # weight needs at least 2 groups for 2 ranks, so this model is twice as wide as the tiny one
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    wide = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2)
-    config = LlamaConfig(vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **wide)
+    wide = dict(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    config = LlamaConfig(
+        vocab_size=320,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        **wide,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(tmp_path / "wide", safe_serialization=True)
     adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter", model_dir=tmp_path / "wide")
-    extra = ["model.quantize_base=True", "model.embed_dim=256", "model.intermediate_dim=512",
-             f"checkpointer.checkpoint_dir={tmp_path / 'wide'}", "max_steps_per_epoch=3"]
+    extra = [
+        "model.quantize_base=True",
+        "model.embed_dim=256",
+        "model.intermediate_dim=512",
+        f"checkpointer.checkpoint_dir={tmp_path / 'wide'}",
+        "max_steps_per_epoch=3",
+    ]
     single, two = tmp_path / "single", tmp_path / "two_ranks"
-    run_recipe("lora_finetune_single_device", CONFIG, _overrides(tiny_assets, single, adapter, "batch_size=4", *extra),
-               cwd=tmp_path)
+    run_recipe(
+        "lora_finetune_single_device",
+        CONFIG,
+        _overrides(tiny_assets, single, adapter, "batch_size=4", *extra),
+        cwd=tmp_path,
+    )
     run_distributed(RECIPE, CONFIG, _overrides(tiny_assets, two, adapter, "batch_size=2", *extra), cwd=tmp_path)
     loss_diff = max_difference(train_log(single), train_log(two), "loss")
     print(f"QLoRA: max |loss(2 ranks) - loss(1 device)| = {loss_diff:.2e}")

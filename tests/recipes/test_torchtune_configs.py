@@ -29,9 +29,16 @@ def _layout(tiny_assets: Path, cwd: Path) -> None:
     shutil.copy(tiny_assets / "train.json", assets / "alpaca_synth.json")
     # the sizes the configs spell out (the harness's ~7M "llama-small")
     config = LlamaConfig(
-        vocab_size=8000, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        vocab_size=8000,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(assets / "llama-small", safe_serialization=True)

@@ -24,8 +24,8 @@ from tune.config import (
     shipped_config_name,
     validate_config,
 )
-from tune.config._training import DEFAULT_NOTES, optional_key_tables
 from tune.config._recipe_scan import scan_recipe
+from tune.config._training import DEFAULT_NOTES, optional_key_tables
 
 IGNORE_INDEX = -100  # labels equal to it get no loss (tune.data.CROSS_ENTROPY_IGNORE_IDX)
 

@@ -125,9 +125,7 @@ def _check_info(info: Any, path: Path, line: int) -> None:
 
     unknown = [t for t in info.get("optional_keys", []) if t not in OPTIONAL_KEYS]
     if unknown:
-        raise RecipeError(
-            f"{where}['optional_keys'] names unknown tables {unknown}; known: {', '.join(OPTIONAL_KEYS)}"
-        )
+        raise RecipeError(f"{where}['optional_keys'] names unknown tables {unknown}; known: {', '.join(OPTIONAL_KEYS)}")
 
 
 def recipe_from_file(path: str | Path, name: str | None = None, source: str = "file") -> RecipeInfo:

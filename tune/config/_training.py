@@ -176,12 +176,14 @@ def _check_optimizer_in_bwd(cfg: DictConfig, distributed: bool) -> list[ConfigPr
     from tune import training  # imports torch: only when a recipe runs or a config is validated for one
 
     if distributed:
-        return [ConfigProblem(
-            "optimizer_in_bwd",
-            "is not supported by the distributed recipes (FSDP2 already shards the optimizer state across ranks); "
-            "set optimizer_in_bwd: False",
-            True,
-        )]
+        return [
+            ConfigProblem(
+                "optimizer_in_bwd",
+                "is not supported by the distributed recipes (FSDP2 already shards the optimizer state across ranks); "
+                "set optimizer_in_bwd: False",
+                True,
+            )
+        ]
     problems = []
     if _positive_int(cfg.gradient_accumulation_steps):
         try:
@@ -189,11 +191,13 @@ def _check_optimizer_in_bwd(cfg: DictConfig, distributed: bool) -> list[ConfigPr
         except ValueError as err:
             problems.append(ConfigProblem("optimizer_in_bwd", str(err), True))
     if cfg.finetuning_schedule is not None:
-        problems.append(ConfigProblem(
-            "finetuning_schedule",
-            "cannot be combined with optimizer_in_bwd: True (the per-parameter optimizers of optimizer_in_bwd "
-            "cannot take the param groups that later phases add). Set optimizer_in_bwd: False",
-        ))
+        problems.append(
+            ConfigProblem(
+                "finetuning_schedule",
+                "cannot be combined with optimizer_in_bwd: True (the per-parameter optimizers of optimizer_in_bwd "
+                "cannot take the param groups that later phases add). Set optimizer_in_bwd: False",
+            )
+        )
     return problems
 
 

@@ -1,29 +1,5 @@
 """Data building blocks: messages, tokenizer protocols, chat formats, masking, collation and packing."""
 
-from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
-from tune.data._messages import ROLES, Message, Role
-from tune.data._protocols import BaseTokenizer, ModelTokenizer
-from tune.data._collate import (
-    collate_for_dataset,
-    is_packed,
-    left_pad_sequence,
-    padded_collate,
-    padded_collate_dpo,
-    padded_collate_generation,
-    padded_collate_packed,
-    padded_collate_sft,
-    padding_free_collate,
-)
-from tune.data._message_transforms import (
-    AlpacaToMessages,
-    ChosenRejectedToMessages,
-    InputOutputToMessages,
-    OpenAIToMessages,
-    ShareGPTToMessages,
-    alpaca_prompt,
-)
-from tune.data._packing import FlatSequences, PackedDataset, block_causal_mask, flatten_dataset, pack_lengths
-from tune.data._preview import render_sample
 from tune.data._chat_formats import (
     ChatFormat,
     Gemma2ChatFormat,
@@ -37,7 +13,31 @@ from tune.data._chat_formats import (
     Segment,
     validate_messages,
 )
+from tune.data._collate import (
+    collate_for_dataset,
+    is_packed,
+    left_pad_sequence,
+    padded_collate,
+    padded_collate_dpo,
+    padded_collate_generation,
+    padded_collate_packed,
+    padded_collate_sft,
+    padding_free_collate,
+)
+from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
 from tune.data._masking import MaskingStrategy, mask_messages
+from tune.data._message_transforms import (
+    AlpacaToMessages,
+    ChosenRejectedToMessages,
+    InputOutputToMessages,
+    OpenAIToMessages,
+    ShareGPTToMessages,
+    alpaca_prompt,
+)
+from tune.data._messages import ROLES, Message, Role
+from tune.data._packing import FlatSequences, PackedDataset, block_causal_mask, flatten_dataset, pack_lengths
+from tune.data._preview import render_sample
+from tune.data._protocols import BaseTokenizer, ModelTokenizer
 from tune.data._tokenizers import (
     ChatTokenizer,
     HuggingFaceBaseTokenizer,

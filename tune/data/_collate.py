@@ -261,9 +261,7 @@ def _padding_free_packs(
     seq_lens = torch.cat([_as_long(p["seq_lens"]) for p in batch])
     labels = torch.cat([_as_long(p["labels"]) for p in batch])
     if labels.numel() != int(seq_lens.sum()):
-        raise ValueError(
-            f"The packs hold {labels.numel()} labels but their seq_lens add up to {int(seq_lens.sum())}."
-        )
+        raise ValueError(f"The packs hold {labels.numel()} labels but their seq_lens add up to {int(seq_lens.sum())}.")
     segment = torch.repeat_interleave(torch.arange(len(seq_lens)), seq_lens)
     trained = torch.zeros(len(seq_lens), dtype=torch.long).index_add_(0, segment, (labels != ignore_idx).long())
     keep_segment = trained > 0

@@ -283,9 +283,7 @@ def block_causal_mask(seq_lens: Sequence[torch.Tensor], max_seq_len: int | None 
         )
     s = totals.pop()
     # document id of every position: [b, s]
-    doc_ids = torch.stack(
-        [torch.repeat_interleave(torch.arange(len(lens)), lens.to(torch.int64)) for lens in seq_lens]
-    )
+    doc_ids = torch.stack([torch.repeat_interleave(torch.arange(len(lens)), lens.to(torch.int64)) for lens in seq_lens])
     same_doc = doc_ids.unsqueeze(2) == doc_ids.unsqueeze(1)  # [b, s, s]
     causal = torch.ones(s, s, dtype=torch.bool).tril_()
     return same_doc & causal

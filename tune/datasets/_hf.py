@@ -160,9 +160,7 @@ def _code_hash(tokenizer: Any) -> str:
     tokenizer), so a library upgrade that changes how tokens are produced does not reuse old cache entries."""
     package = type(tokenizer).__module__.split(".")[0]
     classes = {type(tokenizer)}
-    classes.update(
-        type(value) for value in vars(tokenizer).values() if type(value).__module__.split(".")[0] == package
-    )
+    classes.update(type(value) for value in vars(tokenizer).values() if type(value).__module__.split(".")[0] == package)
     sources = sorted(code_identity(cls) for cls in classes)
     return hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
 

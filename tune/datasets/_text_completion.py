@@ -80,7 +80,12 @@ class TextCompletionDataset(Dataset):
         source += " (after filter_fn; row numbers count kept rows)" if filter_fn is not None else ""
         function = _TokenizeText(tokenizer, column, add_eos, source)
         key = _hf.fingerprint(
-            raw, "text", column, str(add_eos), _hf.code_identity(function), _hf.tokenizer_identity(tokenizer),
+            raw,
+            "text",
+            column,
+            str(add_eos),
+            _hf.code_identity(function),
+            _hf.tokenizer_identity(tokenizer),
             str(function.max_seq_len),
         )
         data = _hf.tokenize_rows(

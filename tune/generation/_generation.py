@@ -191,9 +191,7 @@ class _CachedStep:
     ) -> torch.Tensor:
         # Feed the tokens not yet in the cache: the whole prompt first, then the last generated token.
         start, self.filled = self.filled, cur
-        logits = self.model(
-            sequence[:, start:cur], mask=attn_mask[:, start:cur, :], input_pos=positions[:, start:cur]
-        )
+        logits = self.model(sequence[:, start:cur], mask=attn_mask[:, start:cur, :], input_pos=positions[:, start:cur])
         return logits[:, -1]
 
     def close(self) -> None:

@@ -65,9 +65,7 @@ def lora_spec(
         lora_attn_modules = [lora_attn_modules]
     unknown = sorted(set(lora_attn_modules) - set(LORA_ATTN_MODULES))
     if unknown:
-        raise ValueError(
-            f"lora_attn_modules has unknown module(s) {unknown}; choose from {list(LORA_ATTN_MODULES)}."
-        )
+        raise ValueError(f"lora_attn_modules has unknown module(s) {unknown}; choose from {list(LORA_ATTN_MODULES)}.")
     return LoRASpec(
         tuple(lora_attn_modules),
         apply_lora_to_mlp,

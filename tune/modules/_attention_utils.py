@@ -8,9 +8,7 @@ def causal_mask(seq_len: int, device: torch.device | str | None = None) -> torch
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
 
 
-def get_causal_mask_from_padding_mask(
-    padding_mask: torch.Tensor, target_seq_len: int | None = None
-) -> torch.Tensor:
+def get_causal_mask_from_padding_mask(padding_mask: torch.Tensor, target_seq_len: int | None = None) -> torch.Tensor:
     """Causal mask for a padded batch (left or right padding).
 
     A real token attends the real tokens at or before it. A padding query attends only itself, so its attention
@@ -83,7 +81,5 @@ def create_block_causal_mask(seq_lens: list[torch.Tensor] | list[list[int]]) -> 
     totals = {int(row.sum()) for row in rows}
     if len(totals) != 1:
         raise ValueError(f"Every row of seq_lens must sum to the same packed length; got totals {sorted(totals)}.")
-    document_ids = torch.stack(
-        [torch.repeat_interleave(torch.arange(len(row)), row) for row in rows]
-    )  # [b, s]
+    document_ids = torch.stack([torch.repeat_interleave(torch.arange(len(row)), row) for row in rows])  # [b, s]
     return get_block_causal_mask_from_document_ids(document_ids)

@@ -88,9 +88,7 @@ def pattern_matches(pattern: str, name: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")
 
 
-def auto_finetuning_phases(
-    names: Iterable[str], transition: Mapping[str, int] | None = None
-) -> list[dict[str, Any]]:
+def auto_finetuning_phases(names: Iterable[str], transition: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """Generates phases from parameter names: output side, then blocks from last to first, then embeddings.
 
     A block is the part of a name before its first numeric component (``layers.3`` in
@@ -144,10 +142,11 @@ def _plain(value: Any) -> Any:
 
 def _parse_transition(value: Any, where: str, errors: list[str]) -> tuple[str, int] | None:
     if not isinstance(value, Mapping) or len(value) != 1:
-        errors.append(f"{where}: a transition is one of {{after_steps: N}}, {{after_epochs: N}}, {{on_plateau: K}}; "
-                      f"got {value!r}")
+        errors.append(
+            f"{where}: a transition is one of {{after_steps: N}}, {{after_epochs: N}}, {{on_plateau: K}}; got {value!r}"
+        )
         return None
-    (kind, count), = value.items()
+    ((kind, count),) = value.items()
     if kind not in _TRANSITIONS:
         close = difflib.get_close_matches(str(kind), _TRANSITIONS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -162,8 +161,9 @@ def _parse_transition(value: Any, where: str, errors: list[str]) -> tuple[str, i
 def _parse_patterns(value: Any, where: str, errors: list[str]) -> tuple[str, ...]:
     patterns = [value] if isinstance(value, str) else value
     if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) and p for p in patterns):
-        errors.append(f"{where}: must be a non-empty list of parameter-name patterns (globs or 're:REGEX'), "
-                      f"got {value!r}")
+        errors.append(
+            f"{where}: must be a non-empty list of parameter-name patterns (globs or 're:REGEX'), got {value!r}"
+        )
         return ()
     for pattern in patterns:
         if pattern.startswith("re:"):
@@ -318,8 +318,10 @@ class FinetuningSchedule:
                 "take; use a torch.optim optimizer (optimizer_in_bwd: False) with finetuning_schedule."
             )
         if any(optimizer.state.values()):
-            raise ValueError("FinetuningSchedule.setup() must run before the optimizer's first step or state load; "
-                             "load the schedule's state first (load_state_dict), then the optimizer's.")
+            raise ValueError(
+                "FinetuningSchedule.setup() must run before the optimizer's first step or state load; "
+                "load the schedule's state first (load_state_dict), then the optimizer's."
+            )
         self._params = {clean_param_name(n): p for n, p in model.named_parameters()}
         trainable = [n for n, p in self._params.items() if p.requires_grad]
         if not self._auto:
@@ -368,8 +370,10 @@ class FinetuningSchedule:
         lines = [f"finetuning schedule: {len(self._phases)} phases"]
         for i, (phase, names) in enumerate(zip(self._phases, self._phase_params)):
             numel = sum(self._params[n].numel() for n in names)
-            lines.append(f"  phase {i}: {_count(len(names), 'tensor')} ({numel:,} values) {', '.join(phase.patterns)}; "
-                         f"lr {phase.lr if phase.lr is not None else self._base_lr}; {phase.describe_transition()}")
+            lines.append(
+                f"  phase {i}: {_count(len(names), 'tensor')} ({numel:,} values) {', '.join(phase.patterns)}; "
+                f"lr {phase.lr if phase.lr is not None else self._base_lr}; {phase.describe_transition()}"
+            )
         unscheduled = len(trainable) - sum(len(names) for names in self._phase_params)
         if unscheduled:
             lines.append(f"  {unscheduled} trainable parameter tensors match no phase and stay frozen")
@@ -438,8 +442,10 @@ class FinetuningSchedule:
         if not self._transition_due(step, epoch, val_loss):
             return None
         reason = self._phases[self._phase].describe_transition()
-        return [f"finetuning schedule: phase {self._phase} -> {self._phase + 1} at step {step} (epoch {epoch}, "
-                f"{reason} reached): {self._advance(step, epoch)}"]
+        return [
+            f"finetuning schedule: phase {self._phase} -> {self._phase + 1} at step {step} (epoch {epoch}, "
+            f"{reason} reached): {self._advance(step, epoch)}"
+        ]
 
     def _advance(self, step: int, epoch: int) -> str:
         assert self._phases is not None and self._optimizer is not None
@@ -460,8 +466,10 @@ class FinetuningSchedule:
             lr_text = f"lr {current:g}"
         else:
             lr_text = f"lr {lr:g}, {current:.3g} at this point of the LR schedule"
-        return (f"{_count(len(params), 'tensor')} ({numel:,} values) matching {', '.join(phase.patterns)} join the "
-                f"optimizer as param group {index} ({lr_text})")
+        return (
+            f"{_count(len(params), 'tensor')} ({numel:,} values) matching {', '.join(phase.patterns)} join the "
+            f"optimizer as param group {index} ({lr_text})"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The resume state: the phase, when it began, and its plateau tracking (plain Python values).
@@ -514,8 +522,10 @@ class FinetuningSchedule:
         self._reset_progress(target, int(state["phase_start_step"]), int(state["phase_start_epoch"]))
         self._best_val_loss = state.get("best_val_loss")
         self._num_bad_evaluations = int(state.get("num_bad_evaluations", 0))
-        return [f"finetuning schedule: resumed in phase {target} of {len(sizes)} (began at step "
-                f"{self._start_step}, epoch {self._start_epoch})"]
+        return [
+            f"finetuning schedule: resumed in phase {target} of {len(sizes)} (began at step "
+            f"{self._start_step}, epoch {self._start_epoch})"
+        ]
 
 
 def _count(num: int, noun: str) -> str:

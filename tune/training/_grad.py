@@ -62,9 +62,7 @@ class FiniteLossCheck:
             on any rank stops every rank at the same step.
     """
 
-    def __init__(
-        self, device: torch.device, all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
-    ) -> None:
+    def __init__(self, device: torch.device, all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self._all_reduce = all_reduce
         on_cuda = device.type == "cuda"
         self._host = torch.zeros((), dtype=torch.float32, pin_memory=on_cuda)

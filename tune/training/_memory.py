@@ -1,4 +1,4 @@
-"""Memory: peak-usage statistics, the CPU allocator, and running the optimizer inside backward (``optimizer_in_bwd``)."""
+"""Memory: peak-usage statistics, the CPU allocator, and the optimizer run inside backward (``optimizer_in_bwd``)."""
 
 import ctypes
 import ctypes.util

@@ -311,8 +311,11 @@ class Int8DynActInt4WeightQATConverter:
                 module.activation_fake_quantizer = copy.deepcopy(probe.activation_fake_quantizer)
                 module.weight_fake_quantizer = copy.deepcopy(probe.weight_fake_quantizer)
                 module.__class__ = FakeQuantizedLoRALinear
-        log.info("QAT: fake-quantised %d linear layers (int8 dynamic activations, int4 weights, group %d)",
-                 len(chosen), self.groupsize)
+        log.info(
+            "QAT: fake-quantised %d linear layers (int8 dynamic activations, int4 weights, group %d)",
+            len(chosen),
+            self.groupsize,
+        )
         return model
 
     def post_optimizer_hook(self, model: nn.Module) -> None:
@@ -346,8 +349,11 @@ class Int8DynActInt4WeightQATConverter:
             )
         chosen, _ = self._quantizable(model)
         quantization.quantize_(model, self._base_config(), filter_fn=lambda m, fqn: fqn in chosen)
-        log.info("Quantised %d linear layers to int8 dynamic activations / int4 weights (group %d)",
-                 len(chosen), self.groupsize)
+        log.info(
+            "Quantised %d linear layers to int8 dynamic activations / int4 weights (group %d)",
+            len(chosen),
+            self.groupsize,
+        )
         return model
 
 
@@ -427,8 +433,10 @@ class Float8TrainingConverter:
         float8 = import_optional("torchao.float8", "Float8TrainingConverter")
         if self.recipe_name is not None:
             if self.enable_fsdp_float8_all_gather:
-                raise ValueError("enable_fsdp_float8_all_gather works with the default (tensorwise) recipe only; "
-                                 f"got recipe_name={self.recipe_name!r}. Drop one of the two.")
+                raise ValueError(
+                    "enable_fsdp_float8_all_gather works with the default (tensorwise) recipe only; "
+                    f"got recipe_name={self.recipe_name!r}. Drop one of the two."
+                )
             return float8.Float8LinearConfig.from_recipe_name(self.recipe_name)
         return float8.Float8LinearConfig(enable_fsdp_float8_all_gather=self.enable_fsdp_float8_all_gather)
 
@@ -473,11 +481,15 @@ def check_float8_supported() -> None:
     Raises:
         ValueError: without a CUDA GPU, or with one older than compute capability 8.9.
     """
-    instead = ("Remove Float8TrainingConverter from model_converters and train in bf16 (dtype: bf16); on a GPU of "
-               "compute capability 8.9+ (e.g. L4, L40, H100) float8 training works.")
+    instead = (
+        "Remove Float8TrainingConverter from model_converters and train in bf16 (dtype: bf16); on a GPU of "
+        "compute capability 8.9+ (e.g. L4, L40, H100) float8 training works."
+    )
     if not torch.cuda.is_available():
-        raise ValueError(f"Float8TrainingConverter needs an NVIDIA GPU with compute capability >= 8.9 for float8 "
-                         f"matmuls, but no CUDA device is available (CPU-only PyTorch or no GPU). {instead}")
+        raise ValueError(
+            f"Float8TrainingConverter needs an NVIDIA GPU with compute capability >= 8.9 for float8 "
+            f"matmuls, but no CUDA device is available (CPU-only PyTorch or no GPU). {instead}"
+        )
     capability = torch.cuda.get_device_capability()
     if capability < _FLOAT8_MIN_CAPABILITY:
         raise ValueError(

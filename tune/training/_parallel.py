@@ -182,7 +182,6 @@ def tensor_parallel_size(mesh: Any) -> int:
     return 1 if mesh is None else mesh.size(mesh.mesh_dim_names.index(TP))
 
 
-
 def family_tensor_parallel_plan(model: nn.Module, model_type: str | None) -> dict[str, Any]:
     """The tensor-parallel plan the model family of ``model_type`` registers, for ``model``.
 

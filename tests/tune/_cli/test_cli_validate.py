@@ -140,8 +140,10 @@ def test_converter_order_and_schedule_patterns_are_checked_against_the_model(tun
 
 def test_a_model_that_cannot_be_built_on_meta_leaves_the_patterns_unchecked_with_a_note(tune, tmp_path):
     config = tmp_path / "my.yaml"
-    config.write_text("model:\n  _component_: torch.nn.Linear\n  in_features: -1\n  out_features: 2\n"
-                      "finetuning_schedule: [{params: [nothing_like_it]}]\n")
+    config.write_text(
+        "model:\n  _component_: torch.nn.Linear\n  in_features: -1\n  out_features: 2\n"
+        "finetuning_schedule: [{params: [nothing_like_it]}]\n"
+    )
     code, out, err = tune("validate", str(config))
     assert (code, out) == (0, f"OK: {config} is valid\n")
     assert "note: finetuning_schedule patterns were not checked against the model" in err

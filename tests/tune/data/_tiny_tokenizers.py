@@ -27,10 +27,10 @@ _WORDS = (
     "assistant answer question please explain tune model train data loss token mask chat system prompt café "
     "naïve über résumé paris france capital city river bank number one two three four five"
 ).split()
-_PUNCT = [".", ",", "?", "!", ":", ";", "'s", "'re", " -", " (x)", " [1]", " \"q\"", " 42", " 2024", " 3.14"]
+_PUNCT = [".", ",", "?", "!", ":", ";", "'s", "'re", " -", " (x)", " [1]", ' "q"', " 42", " 2024", " 3.14"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def corpus() -> tuple[str, ...]:
     """About 3000 deterministic lines of words, punctuation, digits, accents and the chat templates' markers."""
     rng = random.Random(0)
@@ -47,7 +47,7 @@ def corpus() -> tuple[str, ...]:
     return tuple(lines)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _workdir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="tune-tiny-tokenizers-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
@@ -59,7 +59,7 @@ def sentencepiece_model(dummy_prefix: bool = True, gemma: bool = False) -> Path:
     return _sentencepiece_model(bool(dummy_prefix), bool(gemma))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sentencepiece_model(dummy_prefix: bool, gemma: bool) -> Path:
     import sentencepiece as spm
 
@@ -121,7 +121,7 @@ def _train_byte_level_bpe(pattern: str, vocab_size: int, nfc: bool):
     return tokenizer
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiktoken_file() -> Path:
     """A tiktoken BPE file (Llama 3 ``tokenizer.model`` format) with 256 byte ranks and ~350 merges."""
     from tune.models.llama3._tokenizer import LLAMA3_PATTERN
@@ -149,7 +149,7 @@ def qwen_tokenizer_json(qwen3: bool = False) -> Path:
     return _qwen_tokenizer_json(bool(qwen3))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _qwen_tokenizer_json(qwen3: bool) -> Path:
     from tokenizers import AddedToken
 
@@ -227,12 +227,16 @@ def legacy_sentencepiece_reference(directory: Path, chat_template: str, **kwargs
     converted.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     converted.pre_tokenizer = None
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=converted, bos_token="<s>", eos_token="</s>", unk_token="<unk>", chat_template=chat_template,
+        tokenizer_object=converted,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        chat_template=chat_template,
         **kwargs,
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def phi3_tokenizer_dir() -> Path:
     """A Phi-3-style directory: the Llama-style ``tokenizer.model``, and a ``tokenizer.json`` of the same model
     with Phi-3's 11 added tokens after the vocabulary (``rstrip`` as microsoft/Phi-3-mini-4k-instruct sets it),

@@ -30,7 +30,7 @@ class TestMaskingStrategies:
     def test_train_on_all(self, name):
         assert not any(m.masked for m in mask_messages(conversation(), name))
 
-    def test_train_on_last(self):
+    def test_train_on_last_masks_every_message_but_the_last(self):
         assert [m.masked for m in mask_messages(conversation(), "last")] == [True, True, True, True, False]
 
     def test_unknown_strategy(self):
@@ -46,7 +46,7 @@ class TestMaskingStrategies:
         )
         assert mask == [True] * len(masked) + [False] * (len(tokens) - len(masked))
 
-    def test_train_on_last(self, tok):
+    def test_train_on_last_trains_only_the_last_answer_tokens(self, tok):
         messages = mask_messages(conversation(), "last")
         tokens, mask = tok.tokenize_messages(messages)
         assert _runs(tok, tokens, mask) == [messages[-1].content + "<|eot_id|>"]
@@ -55,9 +55,7 @@ class TestMaskingStrategies:
         # a trained user turn followed by a trained answer: the answer's header is trained too
         messages = [Message("user", "q"), Message("assistant", "a")]
         tokens, mask = tok.tokenize_messages(messages)
-        assert _runs(tok, tokens, mask) == [
-            "q<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\na<|eot_id|>"
-        ]
+        assert _runs(tok, tokens, mask) == ["q<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\na<|eot_id|>"]
 
 
 class TestValidation:

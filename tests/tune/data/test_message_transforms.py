@@ -42,7 +42,9 @@ class TestInputOutputToMessages:
         t = InputOutputToMessages(column_map={"input": "q", "output": "a"}, new_system_prompt="Be brief.")
         assert t.required_columns == ["q", "a"]
         assert _summary(t({"q": "Q?", "a": "A."})["messages"]) == [
-            ("system", "Be brief.", True), ("user", "Q?", True), ("assistant", "A.", False)
+            ("system", "Be brief.", True),
+            ("user", "Q?", True),
+            ("assistant", "A.", False),
         ]
 
     def test_unknown_column_map_key_lists_accepted_keys(self):
@@ -99,8 +101,10 @@ class TestConversations:
         [
             ([], "non-empty list"),
             ([{"role": "user", "content": "U"}, {"role": "assistant", "content": ""}], "turn 1: content is empty"),
-            ([{"role": "user", "content": None}, {"role": "assistant", "content": "A"}],
-             "turn 0: content must be a string"),
+            (
+                [{"role": "user", "content": None}, {"role": "assistant", "content": "A"}],
+                "turn 0: content must be a string",
+            ),
             ([{"role": "robot", "content": "x"}], "unknown role 'robot'"),
             ([{"role": "user", "content": "U"}], "no assistant turn"),
             ([{"speaker": "user"}], "expected a dict with keys 'role' and 'content'"),

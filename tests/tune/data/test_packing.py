@@ -22,18 +22,24 @@ class TestPackLengths:
     def test_greedy_in_order(self):
         # 3 | 4+2 (=6) | 5+1 (=6): a document that does not fit starts the next pack.
         assert _packs(pack_lengths(np.array([3, 4, 2, 5, 1]), 6)) == [
-            [(0, 0, 3)], [(1, 0, 4), (2, 0, 2)], [(3, 0, 5), (4, 0, 1)]
+            [(0, 0, 3)],
+            [(1, 0, 4), (2, 0, 2)],
+            [(3, 0, 5), (4, 0, 1)],
         ]
 
     def test_split_across_pack_fills_every_pack(self):
         # 3+3 (doc1 split 3/1) | 1+5 | 2: every pack but the last is full.
         assert _packs(pack_lengths(np.array([3, 4, 5, 2]), 6, split_across_pack=True)) == [
-            [(0, 0, 3), (1, 0, 3)], [(1, 3, 1), (2, 0, 5)], [(3, 0, 2)]
+            [(0, 0, 3), (1, 0, 3)],
+            [(1, 3, 1), (2, 0, 5)],
+            [(3, 0, 2)],
         ]
 
     def test_split_long_document_over_several_packs(self):
         assert _packs(pack_lengths(np.array([14]), 6, split_across_pack=True)) == [
-            [(0, 0, 6)], [(0, 6, 6)], [(0, 12, 2)]
+            [(0, 0, 6)],
+            [(0, 6, 6)],
+            [(0, 12, 2)],
         ]
 
     def test_max_packs(self):
@@ -95,7 +101,9 @@ class TestPackedDataset:
         assert [ds[i]["input_pos"].tolist() for i in range(3)] == [[0, 1, 2, 0], [0, 1, 2, 0], [0, 0, 1, 2]]
         # each segment's first label is -100 (a continued segment cannot see its first part, in another pack)
         assert [ds[i]["labels"].tolist() for i in range(3)] == [
-            [-100, 10, 11, -100], [-100, -100, 22, -100], [-100, -100, -100, -100]
+            [-100, 10, 11, -100],
+            [-100, -100, 22, -100],
+            [-100, -100, -100, -100],
         ]
 
     def test_full_pack_has_no_padding_segment(self):

@@ -26,8 +26,9 @@ def _model():
     from tune.models.llama3 import llama3
 
     torch.manual_seed(0)
-    return llama3(vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=256,
-                  intermediate_dim=64)
+    return llama3(
+        vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=256, intermediate_dim=64
+    )
 
 
 def _loss_and_grads(model, batch):

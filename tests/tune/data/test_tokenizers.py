@@ -50,9 +50,10 @@ class TestSentencePiece:
             rng.shuffle(words)
             text = "".join(w + rng.choice(gaps) for w in words[: rng.randint(1, 12)])
             texts.append(rng.choice(["", " ", "\n", "  "]) + text + rng.choice(["", " ", "\n"]))
-        assert sp._by_words and not SentencePieceBaseTokenizer(
-            sentencepiece_model(False, True) / "tokenizer.model"
-        )._by_words  # Gemma's model (no dummy prefix, user-defined pieces) is always encoded whole
+        assert (
+            sp._by_words
+            and not SentencePieceBaseTokenizer(sentencepiece_model(False, True) / "tokenizer.model")._by_words
+        )  # Gemma's model (no dummy prefix, user-defined pieces) is always encoded whole
         expected = [sp._sp.encode(text) for text in texts]
         assert sp._encode_batch(texts[:150]) == expected[:150]
         assert sp._encode_batch(texts) == expected  # half the words now come from the cache

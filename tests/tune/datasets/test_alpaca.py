@@ -1,5 +1,4 @@
 from tests.tune.datasets._helpers import ByteTokenizer
-
 from tune.data import Message, alpaca_prompt
 from tune.datasets import PackedDataset, alpaca_cleaned_dataset, alpaca_dataset
 

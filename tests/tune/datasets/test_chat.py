@@ -1,6 +1,6 @@
 import pytest
-from tests.tune.datasets._helpers import END_OF_TURN, HEADERS, ByteTokenizer, byte_ids
 
+from tests.tune.datasets._helpers import END_OF_TURN, HEADERS, ByteTokenizer, byte_ids
 from tune.datasets import chat_dataset
 
 

@@ -1,6 +1,6 @@
 import pytest
-from tests.tune.datasets._helpers import ByteTokenizer
 
+from tests.tune.datasets._helpers import ByteTokenizer
 from tune.data import PackedDataset
 from tune.datasets import ConcatDataset, instruct_dataset
 

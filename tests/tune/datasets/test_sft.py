@@ -4,8 +4,8 @@ import logging
 import os
 
 import pytest
-from tests.tune.datasets._helpers import ByteTokenizer, byte_ids
 
+from tests.tune.datasets._helpers import ByteTokenizer, byte_ids
 from tune.data import InputOutputToMessages
 from tune.datasets import SFTDataset, instruct_dataset
 

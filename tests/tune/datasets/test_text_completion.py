@@ -1,8 +1,8 @@
 import logging
 
 import pytest
-from tests.tune.datasets._helpers import ByteTokenizer, byte_ids
 
+from tests.tune.datasets._helpers import ByteTokenizer, byte_ids
 from tune.datasets import PackedDataset, TextCompletionDataset, text_completion_dataset
 
 

@@ -33,14 +33,16 @@ def llama2_config():
 
 def llama3_1_config():
     # Llama 3.1 frequency scaling with a short original context so every band (kept, interpolated, scaled) occurs
-    scaling = dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=16)
+    scaling = dict(
+        rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16
+    )
     return _llama(rope_theta=5_000.0, rope_scaling=scaling)
 
 
 def llama3_2_config():
-    scaling = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=16)
+    scaling = dict(
+        rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16
+    )
     return _llama(num_key_value_heads=3, rope_theta=500_000.0, rope_scaling=scaling, tie_word_embeddings=True)
 
 
@@ -48,8 +50,15 @@ def mistral_config():
     from transformers import MistralConfig
 
     return MistralConfig(
-        vocab_size=VOCAB, hidden_size=60, intermediate_size=94, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=64, sliding_window=5, rope_theta=10_000.0,
+        vocab_size=VOCAB,
+        hidden_size=60,
+        intermediate_size=94,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=5,
+        rope_theta=10_000.0,
     )
 
 
@@ -57,8 +66,15 @@ def qwen2_config():
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=VOCAB, hidden_size=60, intermediate_size=94, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=64, rope_theta=1_000_000.0, tie_word_embeddings=True,
+        vocab_size=VOCAB,
+        hidden_size=60,
+        intermediate_size=94,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
     )
 
 
@@ -67,8 +83,15 @@ def qwen3_config():
 
     # head_dim 16 != hidden_size / heads (60 / 6 = 10), as in the released Qwen3 sizes
     return Qwen3Config(
-        vocab_size=VOCAB, hidden_size=60, intermediate_size=94, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rope_theta=1_000_000.0,
+        vocab_size=VOCAB,
+        hidden_size=60,
+        intermediate_size=94,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        rope_theta=1_000_000.0,
         tie_word_embeddings=False,
     )
 
@@ -77,9 +100,18 @@ def gemma2_config():
     from transformers import Gemma2Config
 
     return Gemma2Config(
-        vocab_size=VOCAB, hidden_size=60, intermediate_size=94, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=14, max_position_embeddings=64, sliding_window=5,
-        query_pre_attn_scalar=20, attn_logit_softcapping=3.0, final_logit_softcapping=4.0,
+        vocab_size=VOCAB,
+        hidden_size=60,
+        intermediate_size=94,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=14,
+        max_position_embeddings=64,
+        sliding_window=5,
+        query_pre_attn_scalar=20,
+        attn_logit_softcapping=3.0,
+        final_logit_softcapping=4.0,
     )
 
 
@@ -87,9 +119,18 @@ def phi3_config():
     from transformers import Phi3Config
 
     return Phi3Config(
-        vocab_size=VOCAB, hidden_size=60, intermediate_size=94, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=64,
-        sliding_window=6, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=VOCAB,
+        hidden_size=60,
+        intermediate_size=94,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        original_max_position_embeddings=64,
+        sliding_window=6,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
 
 

@@ -100,8 +100,16 @@ def test_qlora_builder_quantizes_adapted_base_weights():
     from tune.models.llama3_2 import lora_llama3_2
 
     model = lora_llama3_2(
-        ["q_proj", "v_proj"], vocab_size=50, num_layers=1, num_heads=4, num_kv_heads=2, embed_dim=64,
-        max_seq_len=32, intermediate_dim=96, lora_rank=4, quantize_base=True,
+        ["q_proj", "v_proj"],
+        vocab_size=50,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        embed_dim=64,
+        max_seq_len=32,
+        intermediate_dim=96,
+        lora_rank=4,
+        quantize_base=True,
     )
     assert is_nf4_tensor(model.layers[0].attn.q_proj.weight)
     assert not is_nf4_tensor(model.layers[0].attn.k_proj.weight)  # not adapted: stays a plain linear

@@ -13,8 +13,9 @@ from tune.models.qwen2_5 import base_qwen_tp_plan
 from tune.models.qwen3 import qwen3
 from tune.registry import get_model_family
 
-SIZES = dict(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32,
-             intermediate_dim=48)
+SIZES = dict(
+    vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32, intermediate_dim=48
+)
 LAYER_STYLES = {
     "layers.*.attn.q_proj": ColwiseParallel,
     "layers.*.attn.k_proj": ColwiseParallel,

@@ -171,8 +171,14 @@ def test_kv_cache_with_padding_mask_over_cache_capacity():
 def test_invalid_arguments_are_reported():
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         MultiHeadAttention(
-            embed_dim=8, num_heads=3, num_kv_heads=2, head_dim=4, q_proj=nn.Identity(), k_proj=nn.Identity(),
-            v_proj=nn.Identity(), output_proj=nn.Identity(),
+            embed_dim=8,
+            num_heads=3,
+            num_kv_heads=2,
+            head_dim=4,
+            q_proj=nn.Identity(),
+            k_proj=nn.Identity(),
+            v_proj=nn.Identity(),
+            output_proj=nn.Identity(),
         )
     attn = _attention()
     with pytest.raises(TypeError, match="bool"):

@@ -43,9 +43,7 @@ def test_position_ids_skip_left_padding():
 
 def test_block_causal_from_document_ids_and_from_lengths_agree():
     ids = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 2, 2]])
-    expected_row0 = torch.tensor(
-        [[T, F, F, F, F], [T, T, F, F, F], [F, F, T, F, F], [F, F, T, T, F], [F, F, T, T, T]]
-    )
+    expected_row0 = torch.tensor([[T, F, F, F, F], [T, T, F, F, F], [F, F, T, F, F], [F, F, T, T, F], [F, F, T, T, T]])
     mask = get_block_causal_mask_from_document_ids(ids)
     assert torch.equal(mask[0], expected_row0)
     assert torch.equal(create_block_causal_mask([torch.tensor([2, 3]), [1, 2, 2]]), mask)

@@ -36,8 +36,9 @@ def test_matches_transformers_llama3_scaled_rope():
     torch.manual_seed(0)
     x = torch.randn(1, 9, 2, 16)
     positions = torch.arange(9)[None] * 11
-    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=32)
+    scaling = dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32
+    )
     rope = Llama3ScaledRoPE(16, max_seq_len=128, base=10_000.0, scale_factor=8.0, old_context_len=32)
     expected = _hf_rotate(_config(rope_theta=10_000.0, rope_scaling=scaling), x, positions)
     assert torch.allclose(rope(x, input_pos=positions), expected, atol=1e-6, rtol=0)

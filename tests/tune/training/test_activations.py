@@ -94,8 +94,9 @@ def test_checkpointing_a_tune_decoder_by_layer_class():
     from tune.modules import TransformerSelfAttentionLayer
 
     torch.manual_seed(0)
-    plain = llama3(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=16,
-                   intermediate_dim=64)
+    plain = llama3(
+        vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=16, intermediate_dim=64
+    )
     wrapped = copy.deepcopy(plain)
     assert apply_activation_checkpointing(wrapped, {TransformerSelfAttentionLayer}) == 2
     tokens = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))

@@ -10,8 +10,8 @@ from torch import nn
 
 from tune.models.llama3 import llama3
 from tune.modules import RotaryPositionalEmbeddings, TransformerSelfAttentionLayer
-from tune.modules.peft import LoRALinear, dequantize
 from tune.modules.loss import LinearCrossEntropyLoss, shift_labels
+from tune.modules.peft import LoRALinear, dequantize
 from tune.training import (
     all_reduce_sum,
     clip_grad_norm,
@@ -71,8 +71,11 @@ def _train(model, tokens, labels):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         # each rank's loss is its share times world_size: the global mean is the sum over ranks / world size
-        losses.append((all_reduce_sum(loss.detach()) / torch.distributed.get_world_size()).item()
-                      if torch.distributed.is_initialized() else loss.item())
+        losses.append(
+            (all_reduce_sum(loss.detach()) / torch.distributed.get_world_size()).item()
+            if torch.distributed.is_initialized()
+            else loss.item()
+        )
     return losses, norms
 
 
@@ -83,8 +86,9 @@ def _init_new_layer(layer):
 
 
 def _worker(rank, port, full_state_dict, full_decoder_state_dict, result_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(1)
     init_distributed()  # gloo: no CUDA here
     with torch.device("meta"):
@@ -110,9 +114,18 @@ def _worker(rank, port, full_state_dict, full_decoder_state_dict, result_path):
     qlora_output, qlora_state = _qlora_forward_sharded()
     decoder_loss = _decoder_loss_sharded(full_decoder_state_dict, rank)
     if rank == 0:
-        torch.save({"state": state, "losses": losses, "norms": norms, "local_rows": local_rows,
-                    "qlora_output": qlora_output, "qlora_state": qlora_state, "decoder_loss": decoder_loss},
-                   result_path)
+        torch.save(
+            {
+                "state": state,
+                "losses": losses,
+                "norms": norms,
+                "local_rows": local_rows,
+                "qlora_output": qlora_output,
+                "qlora_state": qlora_state,
+                "decoder_loss": decoder_loss,
+            },
+            result_path,
+        )
     else:
         assert state == {}
     torch.distributed.destroy_process_group()
@@ -153,8 +166,9 @@ def _qlora_forward_sharded():
 
 def _decoder():
     torch.manual_seed(0)
-    return llama3(vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=16, max_seq_len=32,
-                  intermediate_dim=32)
+    return llama3(
+        vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=16, max_seq_len=32, intermediate_dim=32
+    )
 
 
 def _decoder_loss(model, tokens, labels):

@@ -10,8 +10,9 @@ from tune.modules.peft import DoRALinear, get_adapter_params
 from tune.training import init_adapters, init_distributed, set_seed, sync_seed
 
 WORLD = 2
-SIZES = dict(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32,
-             intermediate_dim=48)
+SIZES = dict(
+    vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32, intermediate_dim=48
+)
 
 
 def _adapters_on_meta_model(seed: int, use_dora: bool = False) -> tuple[dict, torch.nn.Module]:

@@ -1,6 +1,7 @@
 """Tests of tune/training/_finetuning_schedule.py on a tiny Llama (3 layers, untied output)."""
 
 import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,8 +11,16 @@ from tune.models.llama3_2 import llama3_2, lora_llama3_2
 from tune.modules.peft import get_adapter_params, set_trainable_params
 from tune.training import FinetuningSchedule, auto_finetuning_phases, get_cosine_schedule_with_warmup
 
-TINY = dict(vocab_size=32, num_layers=3, num_heads=2, num_kv_heads=1, embed_dim=16, max_seq_len=16,
-            intermediate_dim=32, tie_word_embeddings=False)
+TINY = dict(
+    vocab_size=32,
+    num_layers=3,
+    num_heads=2,
+    num_kv_heads=1,
+    embed_dim=16,
+    max_seq_len=16,
+    intermediate_dim=32,
+    tie_word_embeddings=False,
+)
 PHASES = [
     {"params": ["output", "norm"], "transition": {"after_steps": 2}},
     {"params": ["layers.2.*"], "lr": 5e-4, "transition": {"after_steps": 2}},
@@ -73,11 +82,13 @@ def test_after_steps_phases_add_param_groups_and_frozen_params_do_not_change():
 def test_after_epochs_transition_counts_epochs_since_the_phase_began():
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    schedule = FinetuningSchedule([
-        {"params": ["output"], "transition": {"after_epochs": 1}},
-        {"params": ["norm"], "transition": {"after_epochs": 2}},
-        {"params": ["layers.*"]},
-    ])
+    schedule = FinetuningSchedule(
+        [
+            {"params": ["output"], "transition": {"after_epochs": 1}},
+            {"params": ["norm"], "transition": {"after_epochs": 2}},
+            {"params": ["layers.*"]},
+        ]
+    )
     schedule.setup(model, optimizer)
     # (step, completed epochs) as a recipe reports them: after each step, and at each epoch end
     events = [(1, 0), (2, 0), (2, 1), (3, 1), (4, 1), (4, 2), (5, 2), (6, 2), (6, 3)]
@@ -118,12 +129,14 @@ def test_resume_in_a_later_phase_restores_groups_and_optimizer_state():
         schedule.step(step, epoch=0)
     assert schedule.current_phase == 1
     # deep copies: state dicts share tensors and lists with the live objects (a recipe writes them to disk)
-    saved = copy.deepcopy({
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "lr_scheduler": scheduler.state_dict(),
-        "schedule": schedule.state_dict(),
-    })
+    saved = copy.deepcopy(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "lr_scheduler": scheduler.state_dict(),
+            "schedule": schedule.state_dict(),
+        }
+    )
     # the uninterrupted run: 3 more steps (phase 2 begins at step 4)
     for step in range(4, 7):
         _train_step(model, optimizer, seed=step)
@@ -152,8 +165,9 @@ def test_new_groups_follow_the_lr_schedulers_multiplier():
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=4, num_training_steps=100)
-    schedule = FinetuningSchedule([{"params": ["output"], "transition": {"after_steps": 2}},
-                                   {"params": ["norm"], "lr": 0.5}])
+    schedule = FinetuningSchedule(
+        [{"params": ["output"], "transition": {"after_steps": 2}}, {"params": ["norm"], "lr": 0.5}]
+    )
     schedule.setup(model, optimizer, scheduler)
     for step in (1, 2):
         optimizer.step()
@@ -170,7 +184,11 @@ def test_auto_orders_output_side_then_layers_from_last_then_embeddings():
     names = [n for n, _ in _model().named_parameters()]
     phases = auto_finetuning_phases(names, {"after_steps": 5})
     assert [p["params"] for p in phases] == [
-        ["norm.weight", "output.weight"], ["layers.2.*"], ["layers.1.*"], ["layers.0.*"], ["tok_embeddings.weight"]
+        ["norm.weight", "output.weight"],
+        ["layers.2.*"],
+        ["layers.1.*"],
+        ["layers.0.*"],
+        ["tok_embeddings.weight"],
     ]
     assert all(p["transition"] == {"after_steps": 5} for p in phases[:-1]) and "transition" not in phases[-1]
     model = _model()
@@ -191,16 +209,18 @@ def test_auto_on_a_lora_model_schedules_only_the_adapters():
     schedule.setup(model, optimizer)
     # output/norm/embeddings are frozen base weights: only the three layers' adapters remain, last layer first
     assert [p.patterns for p in schedule.phases] == [("layers.2.*",), ("layers.1.*",), ("layers.0.*",)]
-    assert _names(optimizer, model) == [{f"layers.2.attn.{m}.lora_{x}.weight" for m in ("q_proj", "v_proj")
-                                         for x in "ab"}]
+    assert _names(optimizer, model) == [
+        {f"layers.2.attn.{m}.lora_{x}.weight" for m in ("q_proj", "v_proj") for x in "ab"}
+    ]
     with pytest.raises(ValueError, match=r"phase\(s\) 0 select no trainable parameter.*LoRA base weights"):
         FinetuningSchedule([{"params": ["output"]}]).setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
 def test_invalid_patterns_and_phases_are_reported_all_at_once():
     names = [n for n, _ in _model().named_parameters()]
-    schedule = FinetuningSchedule([{"params": ["outptu"], "transition": {"after_steps": 1}},
-                                   {"params": ["layers.7.*", "re:layers\\.0\\..*"]}])
+    schedule = FinetuningSchedule(
+        [{"params": ["outptu"], "transition": {"after_steps": 1}}, {"params": ["layers.7.*", "re:layers\\.0\\..*"]}]
+    )
     with pytest.raises(ValueError) as err:
         schedule.validate(names)  # parameter names only: nothing allocated
     message = str(err.value)
@@ -248,7 +268,7 @@ def _fsdp_worker(rank: int, port: int, tokens: torch.Tensor, result_path: str) -
         schedule = FinetuningSchedule(PHASES)
         schedule.setup(model, optimizer)
         for step in range(1, 6):
-            _fixed_step(model, optimizer, tokens[rank * 2:(rank + 1) * 2])  # each rank half of the batch
+            _fixed_step(model, optimizer, tokens[rank * 2 : (rank + 1) * 2])  # each rank half of the batch
             schedule.step(step, epoch=0)
         state = {n: p.full_tensor() for n, p in model.named_parameters()}
         kinds = {type(p).__name__ for p in model.parameters()}

@@ -28,8 +28,12 @@ def _lrs(make_scheduler, num_steps=30):
 
 CASES = [
     ("cosine", get_cosine_schedule_with_warmup, transformers.get_cosine_schedule_with_warmup, {"num_cycles": 0.5}),
-    ("cosine_2_cycles", get_cosine_schedule_with_warmup, transformers.get_cosine_schedule_with_warmup,
-     {"num_cycles": 2.0}),
+    (
+        "cosine_2_cycles",
+        get_cosine_schedule_with_warmup,
+        transformers.get_cosine_schedule_with_warmup,
+        {"num_cycles": 2.0},
+    ),
     ("linear", get_linear_schedule_with_warmup, transformers.get_linear_schedule_with_warmup, {}),
     ("constant", get_constant_schedule_with_warmup, transformers.get_constant_schedule_with_warmup, {}),
 ]

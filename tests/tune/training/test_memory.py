@@ -117,8 +117,9 @@ print(json.dumps({"changed": changed, "faults": resource.getrusage(resource.RUSA
 
 def _allocator_probe(mode: str, **env) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | {"PYTHONPATH": str(ROOT)} | env
-    out = subprocess.run([sys.executable, "-c", _ALLOCATOR_PROBE, mode], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _ALLOCATOR_PROBE, mode], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

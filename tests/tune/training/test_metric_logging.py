@@ -35,7 +35,7 @@ def test_every_logger_implements_the_interface():
 def test_stdout_logger_prints_steps(capsys):
     _log_two_steps(StdoutLogger())
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("Config: ") and json.loads(lines[0][len("Config: "):]) == CONFIG
+    assert lines[0].startswith("Config: ") and json.loads(lines[0][len("Config: ") :]) == CONFIG
     assert lines[1:] == ["Step 1 | loss:2.5 lr:0.001", "Step 2 | loss:1.25"]
 
 

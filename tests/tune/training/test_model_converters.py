@@ -32,8 +32,16 @@ from tune.training import (
 ROOT = Path(__file__).resolve().parents[3]
 VOCAB = 64
 # every linear layer's input size (32, 64) is a multiple of the groupsize 32, so all of them are quantised
-TINY = dict(vocab_size=VOCAB, num_layers=1, num_heads=2, num_kv_heads=1, embed_dim=32, max_seq_len=32,
-            intermediate_dim=64, tie_word_embeddings=False)
+TINY = dict(
+    vocab_size=VOCAB,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    embed_dim=32,
+    max_seq_len=32,
+    intermediate_dim=64,
+    tie_word_embeddings=False,
+)
 
 
 def _tiny_model() -> nn.Module:
@@ -117,8 +125,10 @@ def test_qat_then_real_quantisation_keeps_accuracy_and_agrees_with_fake_quant(qa
         real_logits = quantized(tokens)
     real_acc, real_loss = _accuracy(real_logits, tokens), _loss(real_logits, tokens).item()
     max_diff = (real_logits - fake_logits).abs().max().item()
-    print(f"QAT tiny model: fake-quant accuracy {fake_acc:.4f} loss {fake_loss:.4f}; "
-          f"int8/int4 accuracy {real_acc:.4f} loss {real_loss:.4f}; max |logit diff| {max_diff:.2e}")
+    print(
+        f"QAT tiny model: fake-quant accuracy {fake_acc:.4f} loss {fake_loss:.4f}; "
+        f"int8/int4 accuracy {real_acc:.4f} loss {real_loss:.4f}; max |logit diff| {max_diff:.2e}"
+    )
     # 30 steps of Adam at lr 1e-2 learn the 64-entry bigram table (measured: accuracy 1.0 both ways)
     assert fake_acc > 0.9
     assert real_acc == fake_acc
@@ -199,8 +209,11 @@ def test_order_rule_names_both_converters_and_the_fix():
     lora = _Recorder("lora", log, kind="peft")  # declares nothing: QAT's must_follow=("peft",) decides
     # peft then qat is the valid order (QAT knows LoRALinear); the reverse is refused
     validate_converter_order([lora, QATConverter(32)])
-    with pytest.raises(ValueError, match=r"model_converters\[1\] \(_Recorder, kind 'peft'\) must run before "
-                                         r"model_converters\[0\] \(Int8DynActInt4WeightQATConverter.*move it up"):
+    with pytest.raises(
+        ValueError,
+        match=r"model_converters\[1\] \(_Recorder, kind 'peft'\) must run before "
+        r"model_converters\[0\] \(Int8DynActInt4WeightQATConverter.*move it up",
+    ):
         validate_converter_order([QATConverter(32), lora])
     first = _Recorder("a", log, kind="a", must_precede=("b",))
     with pytest.raises(ValueError, match=r"model_converters\[1\] \(_Recorder, kind 'a'\) must run before"):

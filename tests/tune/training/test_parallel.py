@@ -33,8 +33,9 @@ from tune.training import (
 
 VOCAB, WORLD, STEPS, LR = 64, 2, 3, 1e-2
 MAX_NORM = 0.5  # below every step's gradient norm (about 1 to 12): clipping is active in all runs
-SIZES = dict(vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32,
-             intermediate_dim=48)
+SIZES = dict(
+    vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32, intermediate_dim=48
+)
 
 
 def _build(kind: str) -> nn.Module:
@@ -89,8 +90,9 @@ def _check_errors(mesh) -> None:
     _expect_error(lambda: apply_tensor_parallel(qwen, plan, tp_mesh), "q_norm", "SequenceParallel")
     with torch.device("meta"):
         one_kv_head = llama3(**{**SIZES, "num_kv_heads": 1})
-    _expect_error(lambda: apply_tensor_parallel(one_kv_head, _plan("llama", one_kv_head), tp_mesh),
-                  "num_kv_heads=1", "[1]")
+    _expect_error(
+        lambda: apply_tensor_parallel(one_kv_head, _plan("llama", one_kv_head), tp_mesh), "num_kv_heads=1", "[1]"
+    )
     with torch.device("meta"):
         lora = lora_llama3(["q_proj"], **SIZES)
     _expect_error(lambda: apply_tensor_parallel(lora, _plan("llama", lora), tp_mesh), "LoRA", "layers.0.attn.q_proj")

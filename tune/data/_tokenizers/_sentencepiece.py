@@ -46,9 +46,7 @@ def _splits_at_words(serialized_model: bytes) -> bool:
         and normalizer.add_dummy_prefix
     ):
         return False
-    return not any(
-        piece.type == piece.USER_DEFINED or _SPANS_BOUNDARY.search(piece.piece) for piece in model.pieces
-    )
+    return not any(piece.type == piece.USER_DEFINED or _SPANS_BOUNDARY.search(piece.piece) for piece in model.pieces)
 
 
 class SentencePieceBaseTokenizer:
@@ -234,4 +232,3 @@ class SentencePieceBaseTokenizer:
         for index, ids in zip(whole, self._encode_whole([texts[i] for i in whole])):
             out[index] = ids
         return out
-

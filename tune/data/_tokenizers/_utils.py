@@ -7,6 +7,7 @@ import numpy as np
 
 from tune.data._chat_formats import Segment
 
+
 def truncate(tokens: list, max_seq_len: int, eos_id=None) -> list:
     """Cuts ``tokens`` to ``max_seq_len`` items; when it cut and ``eos_id`` is given, the last item becomes it.
 

@@ -5,7 +5,7 @@ left to the caller on purpose: a training step normalises by the token count of 
 micro-batch, every rank), which one micro-batch's loss cannot know. See ``tune.training.num_loss_tokens``.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -89,8 +89,10 @@ def _fused_chunk(
         return loss, grad_weight
     # d(sum of -log p_target)/d(logits) = softmax - one_hot(target), zero on ignored rows; built in place
     grad_logits = log_probs.exp_()
-    minus_one = torch.full_like(targets, -1, dtype=grad_logits.dtype) if valid is None else -valid[:, None].to(
-        grad_logits.dtype
+    minus_one = (
+        torch.full_like(targets, -1, dtype=grad_logits.dtype)
+        if valid is None
+        else -valid[:, None].to(grad_logits.dtype)
     )
     grad_logits.scatter_add_(1, targets, minus_one)
     if valid is not None:

@@ -149,9 +149,7 @@ def prune_checkpoints(output_dir: str | Path, keep_last_n: int | None) -> list[P
     if keep_last_n is None:
         return []
     if isinstance(keep_last_n, bool) or not isinstance(keep_last_n, int) or keep_last_n <= 0:
-        raise ValueError(
-            f"keep_last_n_checkpoints must be a positive integer or null (keep all), got {keep_last_n!r}."
-        )
+        raise ValueError(f"keep_last_n_checkpoints must be a positive integer or null (keep all), got {keep_last_n!r}.")
     complete = list_complete_checkpoints(output_dir)
     removed = [path for path, _ in complete[: max(0, len(complete) - keep_last_n)]]
     for path in removed:

@@ -87,9 +87,7 @@ def config_to_yaml(config: Mapping[str, Any] | str) -> str:
     if isinstance(config, str):
         return config if config.endswith("\n") else config + "\n"
     if not isinstance(config, Mapping):
-        raise TypeError(
-            f"config must be a mapping (dict or DictConfig) or YAML text, got {type(config).__name__}."
-        )
+        raise TypeError(f"config must be a mapping (dict or DictConfig) or YAML text, got {type(config).__name__}.")
     import yaml
 
     return yaml.safe_dump(_plain(config), sort_keys=False, default_flow_style=False)

@@ -46,8 +46,9 @@ class TinyTrainRecipe:
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self._model(batch["tokens"])[:, :-1]  # predict token t + 1 from tokens up to t
         labels = batch["labels"][:, 1:]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                               ignore_index=CROSS_ENTROPY_IGNORE_IDX)
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=CROSS_ENTROPY_IGNORE_IDX
+        )
         mask = labels != CROSS_ENTROPY_IGNORE_IDX
         accuracy = ((logits.argmax(-1) == labels) & mask).sum() / mask.sum()
         return loss, accuracy

@@ -222,8 +222,9 @@ def test_linear_cross_entropy_on_a_tune_decoder_equals_cross_entropy_on_its_logi
     from tune.models.llama3 import llama3
 
     torch.manual_seed(0)
-    model = llama3(vocab_size=64, num_layers=1, num_heads=2, num_kv_heads=1, embed_dim=16, max_seq_len=16,
-                   intermediate_dim=32)
+    model = llama3(
+        vocab_size=64, num_layers=1, num_heads=2, num_kv_heads=1, embed_dim=16, max_seq_len=16, intermediate_dim=32
+    )
     tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(2))
     labels = tokens.clone()
     labels[1, 7:] = IGNORE
@@ -309,8 +310,9 @@ def test_small_vocabularies_get_fewer_larger_chunks_with_the_same_loss():
     assert LinearCrossEntropyLoss(8, min_chunk_mib=0)._num_chunks(1720, 8000) == 8
     hidden, weight, labels = _data(seq=300, vocab=30000)  # 313 labelled tokens, 279 rows a chunk
     merged = _loss_and_grads(lambda h, w, y: loss_fn(h, y, output=w), hidden, weight, labels)
-    eight = _loss_and_grads(lambda h, w, y: LinearCrossEntropyLoss(8, min_chunk_mib=0)(h, y, output=w), hidden,
-                            weight, labels)
+    eight = _loss_and_grads(
+        lambda h, w, y: LinearCrossEntropyLoss(8, min_chunk_mib=0)(h, y, output=w), hidden, weight, labels
+    )
     assert loss_fn._num_chunks(int((labels != IGNORE).sum()), 30000) == 2
     for g, w in zip(merged, eight):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)

@@ -43,7 +43,10 @@ def test_sigkill_during_save_leaves_previous_checkpoint_resumable(hf_dir, tmp_pa
     output_dir = tmp_path / "out"
     child = subprocess.run(
         [sys.executable, "-c", _CHILD, str(hf_dir), str(output_dir)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     assert "killing after model-00001-of-00002.safetensors" in child.stdout and "not reached" not in child.stdout

@@ -44,16 +44,22 @@ def _trained(seed):
 def test_dcp_save_and_resume_restores_sharded_model_and_optimizer(gloo_group, tmp_path):
     model, optimizer = _trained(0)
     ckpt = DistributedCheckpointer(output_dir=tmp_path / "out")
-    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer),
-             "steps_run": 5}
+    state = {
+        "model": get_model_state_dict(model),
+        "optimizer": get_optimizer_state_dict(model, optimizer),
+        "steps_run": 5,
+    }
     out = ckpt.save_checkpoint(state, step=5, config={"lr": 0.1})
     assert (out / ".complete").is_file() and (out / "config.yaml").is_file()
 
     other, other_optimizer = _trained(1)
     resumed = DistributedCheckpointer(output_dir=tmp_path / "out", resume_from_checkpoint=True)
     assert resumed.resume_dir == out
-    target = {"model": get_model_state_dict(other), "optimizer": get_optimizer_state_dict(other, other_optimizer),
-              "steps_run": 0}
+    target = {
+        "model": get_model_state_dict(other),
+        "optimizer": get_optimizer_state_dict(other, other_optimizer),
+        "steps_run": 0,
+    }
     resumed.load_checkpoint(target)
     set_model_state_dict(other, target["model"])
     set_optimizer_state_dict(other, other_optimizer, target["optimizer"])

@@ -41,8 +41,13 @@ def test_round_trip_keeps_layout_and_dtype_and_loads_in_transformers(tmp_path, d
     for name in set(_layout(source).values()):
         with safe_open(str(out / name), "pt") as handle:
             assert {handle.get_slice(k).get_dtype() for k in handle.keys()} == {_SAFETENSORS_NAMES[dtype]}
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ):
         assert (out / name).read_bytes() == (source / name).read_bytes()
     # transformers reads the output; its logits equal ours with the same (saved-dtype) weights.
     tokens = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -89,8 +94,9 @@ def test_single_file_stays_single_file(tmp_path):
 def test_missing_files_list_the_directory_and_the_download_command(hf_dir, tmp_path):
     (hf_dir / "tune_download.json").write_text(json.dumps({"repo_id": "org/tiny-llama", "revision": "main"}))
     with pytest.raises(ValueError) as error:
-        FullModelHFCheckpointer(hf_dir, ["model-00001-of-00003.safetensors"], model_type=FAMILY,
-                                output_dir=tmp_path / "out")
+        FullModelHFCheckpointer(
+            hf_dir, ["model-00001-of-00003.safetensors"], model_type=FAMILY, output_dir=tmp_path / "out"
+        )
     message = str(error.value)
     assert "model-00001-of-00003.safetensors" in message
     assert "model-00002-of-00002.safetensors" in message and "config.json" in message  # what the dir holds

@@ -101,7 +101,10 @@ def test_config_is_written_resolved(tmp_path):
     import yaml
 
     assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == {
-        "output_dir": "/tmp/run", "checkpointer": {"output_dir": "/tmp/run"}, "lr": 2e-5}
+        "output_dir": "/tmp/run",
+        "checkpointer": {"output_dir": "/tmp/run"},
+        "lr": 2e-5,
+    }
     assert config_to_yaml("a: 1") == "a: 1\n"
     with pytest.raises(TypeError, match="mapping"):
         config_to_yaml(3)

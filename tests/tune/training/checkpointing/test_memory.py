@@ -14,8 +14,14 @@ PROBE = Path(__file__).with_name("_memory_probe.py")
 def _measure(tmp_path, megabytes):
     directory = tmp_path / "model"
     write(directory, megabytes)  # here, 100 MB at a time; the measurement runs in a fresh process
-    result = subprocess.run([sys.executable, str(PROBE), "load", str(directory)], cwd=REPO, capture_output=True,
-                            text=True, timeout=600, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, str(PROBE), "load", str(directory)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     size, peak = map(float, re.search(r"size_mib=([\d.]+) peak_rss_increase_mib=([\d.]+)", result.stdout).groups())
     print(f"loaded {size:.0f} MiB: peak RSS grew by {peak:.0f} MiB ({peak / size:.2f}x)")

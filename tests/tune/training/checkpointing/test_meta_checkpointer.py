@@ -22,8 +22,12 @@ def _to_meta_layout(weight, num_heads):
 def _write_meta_checkpoint(hf_model, directory):
     heads, kv_heads = HF_CONFIG["num_attention_heads"], HF_CONFIG["num_key_value_heads"]
     sd = hf_model.state_dict()
-    meta = {"tok_embeddings.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"],
-            "output.weight": sd["lm_head.weight"], "rope.freqs": torch.zeros(4)}
+    meta = {
+        "tok_embeddings.weight": sd["model.embed_tokens.weight"],
+        "norm.weight": sd["model.norm.weight"],
+        "output.weight": sd["lm_head.weight"],
+        "rope.freqs": torch.zeros(4),
+    }
     for n in range(HF_CONFIG["num_hidden_layers"]):
         hf = f"model.layers.{n}."
         meta |= {

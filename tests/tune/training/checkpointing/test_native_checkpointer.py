@@ -74,8 +74,13 @@ def test_keep_last_n_config_and_resume_errors(tmp_path):
     ckpt = FullModelTorchTuneCheckpointer(directory, output_dir=tmp_path / "out", keep_last_n_checkpoints=2)
     state = ckpt.load_checkpoint()
     for step in (1, 2, 3):
-        ckpt.save_checkpoint({**state, "steps_run": step}, epoch=0, step=step, intermediate_checkpoint=True,
-                             config={"output_dir": str(tmp_path / "out"), "step": step})
+        ckpt.save_checkpoint(
+            {**state, "steps_run": step},
+            epoch=0,
+            step=step,
+            intermediate_checkpoint=True,
+            config={"output_dir": str(tmp_path / "out"), "step": step},
+        )
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["step_2", "step_3"]
     assert yaml.safe_load((tmp_path / "out" / "step_3" / "config.yaml").read_text())["step"] == 3
     resumed = FullModelTorchTuneCheckpointer(directory, output_dir=tmp_path / "out", resume_from_checkpoint=True)

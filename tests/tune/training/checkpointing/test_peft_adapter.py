@@ -121,5 +121,6 @@ def test_adapter_of_another_rank_names_key_and_shapes(hf_dir, tmp_path):
     with pytest.raises(ValueError, match=expected):
         load_adapter_weights(other, ckpt.load_adapter(out))
     with pytest.raises(ValueError, match="keys the model lacks"):
-        load_adapter_weights(TinyLlama(lora={"rank": RANK, "alpha": ALPHA}, lora_modules=("k_proj",)),
-                             ckpt.load_adapter(out))
+        load_adapter_weights(
+            TinyLlama(lora={"rank": RANK, "alpha": ALPHA}, lora_modules=("k_proj",)), ckpt.load_adapter(out)
+        )

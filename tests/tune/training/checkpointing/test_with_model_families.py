@@ -37,8 +37,12 @@ def test_llama_family_lora_adapter_loads_in_peft_with_equal_logits(hf_dir, tmp_p
 
     from tune.models import from_hf
 
-    lora = {"lora_attn_modules": ["q_proj", "v_proj", "output_proj"], "apply_lora_to_mlp": True,
-            "lora_rank": 4, "lora_alpha": 16.0}
+    lora = {
+        "lora_attn_modules": ["q_proj", "v_proj", "output_proj"],
+        "apply_lora_to_mlp": True,
+        "lora_rank": 4,
+        "lora_alpha": 16.0,
+    }
     ckpt = FullModelHFCheckpointer(hf_dir, model_type="llama3_2", output_dir=tmp_path / "out")
     model = from_hf(hf_dir, dtype=torch.float32, **lora).eval()
     _perturb(model, only_adapters=True)

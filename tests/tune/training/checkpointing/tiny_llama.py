@@ -102,7 +102,11 @@ class _Attention(nn.Module):
     def __init__(self, cfg, lora, lora_modules):
         super().__init__()
         dim, self.heads, self.kv_heads, self.head_dim = (
-            cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"])
+            cfg["hidden_size"],
+            cfg["num_attention_heads"],
+            cfg["num_key_value_heads"],
+            cfg["head_dim"],
+        )
         pick = lambda name: lora if lora is not None and name in lora_modules else None  # noqa: E731
         self.q_proj = _linear(dim, self.heads * self.head_dim, pick("q_proj"))
         self.k_proj = _linear(dim, self.kv_heads * self.head_dim, pick("k_proj"))
