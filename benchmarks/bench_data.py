@@ -16,6 +16,18 @@ library's Llama-2 SentencePiece tokenizer (``max_seq_len`` 512, no prompt templa
 Each process starts with an empty Hugging Face datasets cache, so both sides load the JSON and tokenise
 everything ("cold"); tune is also run a second time on its own cache ("warm": what a rerun costs).
 
+``--families llama2,llama3,...`` (or ``all``) instead builds each family's tokenizer with the defaults the shipped
+configs use (configs/<family>/*.yaml: the family's builder, its default prompt template or chat format) against
+torchtune 0.6.1's builder for that family with its default template; torchtune 0.6.1 has no Qwen 3, so ``qwen3``
+is compared with its ``qwen2_5_tokenizer``. Tokenizers of each family's kind, built in code before timing, 8,000
+entries each (the harness's Llama-2 model's size; the synthetic corpus supports no more): llama2, mistral, phi3
+use the harness's Llama-2-style SentencePiece BPE (phi3 adds its 11 chat tokens); gemma2 a SentencePiece BPE
+trained here with Gemma's settings (no dummy prefix, ``<start_of_turn>``/``<end_of_turn>`` as user pieces);
+llama3 a tiktoken file from a byte-level BPE trained here with Llama 3's regex (special tokens after the ranks for
+tune, at 128000 for torchtune); qwen2_5/qwen3 a byte-level BPE ``tokenizer.json`` with Qwen's NFC, regex and added
+tokens (tune) and its ``vocab.json``/``merges.txt`` (torchtune). Token hashes differ between the systems where
+their layouts differ (special-token ids, the templates' details, tune's untrained headers).
+
 ``--num-proc N`` fixes tune's tokenising processes (default: automatic, 2 on a 2-CPU machine); torchtune has
 no such setting (one process).
 
@@ -60,14 +72,122 @@ def make_data(assets: Path, num_samples: int, out: Path, seed: int = 0) -> Path:
 # ---- workers: run in their own process (tune's venv or torchtune's venv) -------------------------------------
 
 
-def _our_tokenizer(path: str, max_seq_len: int):
-    """tune's Llama-2 SentencePiece tokenizer without a prompt template (the alpaca prompt is the template)."""
-    try:
-        from tune.models.llama2 import llama2_tokenizer
-    except ImportError:  # before the family exports it
-        from tune.models.llama2._tokenizer import llama2_tokenizer
+def _our_tokenizer(path: str, max_seq_len: int, family: str = "plain"):
+    """tune's tokenizer for ``family`` with the defaults the shipped configs use (configs/<family>/*.yaml);
+    ``plain``: the Llama-2 SentencePiece tokenizer without a prompt template (the alpaca prompt is the template)."""
+    import importlib
 
-    return llama2_tokenizer(path, max_seq_len=max_seq_len, prompt_template=None)
+    if family == "plain":
+        from tune.models.llama2 import llama2_tokenizer
+
+        return llama2_tokenizer(path, max_seq_len=max_seq_len, prompt_template=None)
+    module, builder = _FAMILIES[family][0].rsplit(".", 1)
+    return getattr(importlib.import_module(module), builder)(path, max_seq_len=max_seq_len)
+
+
+def _their_tokenizer(path: str, max_seq_len: int, family: str = "plain"):
+    """torchtune 0.6.1's equivalent builder with its default template (qwen3: its qwen2_5 builder, the closest)."""
+    import importlib
+
+    if family == "plain":
+        from torchtune.models.llama2 import llama2_tokenizer
+
+        return llama2_tokenizer(path, max_seq_len=max_seq_len, prompt_template=None)
+    module, builder = _FAMILIES[family][1].rsplit(".", 1)
+    if family.startswith("qwen"):  # torchtune's Qwen tokenizer reads vocab.json + merges.txt
+        return getattr(importlib.import_module(module), builder)(
+            str(Path(path) / "vocab.json"), str(Path(path) / "merges.txt"), max_seq_len=max_seq_len
+        )
+    return getattr(importlib.import_module(module), builder)(path, max_seq_len=max_seq_len)
+
+
+# family -> (tune's builder, torchtune 0.6.1's builder, tokenizer kind built by _make_tokenizer)
+_FAMILIES = {
+    "llama2": ("tune.models.llama2.llama2_tokenizer", "torchtune.models.llama2.llama2_tokenizer", "harness"),
+    "llama3": ("tune.models.llama3.llama3_tokenizer", "torchtune.models.llama3.llama3_tokenizer", "tiktoken"),
+    "mistral": ("tune.models.mistral.mistral_tokenizer", "torchtune.models.mistral.mistral_tokenizer", "harness"),
+    "phi3": ("tune.models.phi3.phi3_mini_tokenizer", "torchtune.models.phi3.phi3_mini_tokenizer", "harness"),
+    "gemma2": ("tune.models.gemma2.gemma2_tokenizer", "torchtune.models.gemma.gemma_tokenizer", "gemma"),
+    "qwen2_5": ("tune.models.qwen2_5.qwen2_5_tokenizer", "torchtune.models.qwen2_5.qwen2_5_tokenizer", "qwen2_5"),
+    "qwen3": ("tune.models.qwen3.qwen3_tokenizer", "torchtune.models.qwen2_5.qwen2_5_tokenizer", "qwen3"),
+}
+_VOCAB_SIZE = 8000  # the harness's Llama-2 SentencePiece model has 8,000 pieces; the others are trained to match
+
+
+def _corpus(data: Path) -> list[str]:
+    rows = json.loads(data.read_text())
+    return [text for row in rows for text in (row["instruction"], row["input"], row["output"]) if text]
+
+
+def _byte_level_bpe(corpus: list[str], pattern: str, nfc: bool):
+    """A byte-level BPE (``tokenizers``) with a family's pre-tokenisation regex, trained to ``_VOCAB_SIZE``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    if nfc:
+        tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])  # fmt: skip
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_VOCAB_SIZE, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    return tokenizer
+
+
+def _make_tokenizer(kind: str, assets: Path, data: Path, out: Path) -> str:
+    """The tokenizer file (or folder) for one kind, built in code from the benchmark's own text."""
+    import base64
+
+    if kind == "harness":  # Llama-2-style SentencePiece BPE (byte fallback), as Llama 2, Mistral and Phi-3 ship
+        return str(assets / "tokenizer" / "tokenizer.model")
+    out.mkdir(parents=True, exist_ok=True)
+    if kind == "gemma":  # SentencePiece BPE set up like Gemma's: no dummy prefix, turn markers as user pieces
+        import sentencepiece as spm
+
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(_corpus(data)[:200_000]), model_prefix=str(out / "tokenizer"),
+            vocab_size=_VOCAB_SIZE, model_type="bpe", byte_fallback=True, add_dummy_prefix=False,
+            remove_extra_whitespaces=False, normalization_rule_name="identity", split_digits=True,
+            user_defined_symbols=["<start_of_turn>", "<end_of_turn>"], pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+            bos_piece="<bos>", eos_piece="<eos>", pad_piece="<pad>", minloglevel=2, num_threads=2,
+        )  # fmt: skip
+        return str(out / "tokenizer.model")
+    if kind == "tiktoken":  # Llama 3's tokenizer.model: base64 token + rank, 256 bytes first, then the merges
+        from tune.models.llama3._tokenizer import LLAMA3_PATTERN
+
+        tokenizer = _byte_level_bpe(_corpus(data), LLAMA3_PATTERN, nfc=False)
+        tokenizer.model.save(str(out))
+        printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+        unicode_to_byte, extra = {}, 0
+        for b in range(256):  # inverse of the byte-level alphabet
+            unicode_to_byte[chr(b) if b in printable else chr(256 + extra)] = b
+            extra += b not in printable
+        ranks = {bytes([b]): b for b in range(256)}
+        for line in (out / "merges.txt").read_text(encoding="utf-8").splitlines()[1:]:
+            left, right = line.split(" ")
+            ranks.setdefault(bytes(unicode_to_byte[c] for c in left + right), len(ranks))
+        (out / "tokenizer.model").write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+        return str(out / "tokenizer.model")
+    # Qwen: byte-level BPE tokenizer.json with Qwen's NFC + regex and added tokens, plus vocab.json/merges.txt
+    from tokenizers import AddedToken
+
+    from tune.models.qwen2_5._tokenizer import QWEN2_5_ADDED_TOKENS, QWEN2_PATTERN
+    from tune.models.qwen3._tokenizer import QWEN3_ADDED_TOKENS
+
+    tokenizer = _byte_level_bpe(_corpus(data), QWEN2_PATTERN, nfc=True)
+    tokenizer.model.save(str(out))
+    for content, special in QWEN3_ADDED_TOKENS if kind == "qwen3" else QWEN2_5_ADDED_TOKENS:
+        token = AddedToken(content, special=special, normalized=False)
+        (tokenizer.add_special_tokens if special else tokenizer.add_tokens)([token])
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    )
+    return str(out)
 
 
 def _tokenizer_cost(system: str, tokenizer, data: str, num: int = 2000) -> float:
@@ -84,15 +204,16 @@ def _tokenizer_cost(system: str, tokenizer, data: str, num: int = 2000) -> float
     return (time.perf_counter() - start) / len(rows) * 1e6
 
 
-def _worker(system: str, data: str, tokenizer_path: str, max_seq_len: int, cache_dir: str, num_proc: int) -> dict:
+def _worker(
+    system: str, data: str, tokenizer_path: str, max_seq_len: int, cache_dir: str, num_proc: int, family: str
+) -> dict:
     import hashlib
 
     t0 = time.perf_counter()
     if system == "torchtune":
         from torchtune.datasets import alpaca_dataset
-        from torchtune.models.llama2 import llama2_tokenizer
 
-        tokenizer = llama2_tokenizer(tokenizer_path, max_seq_len=max_seq_len, prompt_template=None)
+        tokenizer = _their_tokenizer(tokenizer_path, max_seq_len, family)
     else:
         sys.path.insert(0, str(REPO))
         import datasets  # noqa: F401  (tune imports it lazily; torchtune at import: count it as import time on both)
@@ -100,7 +221,7 @@ def _worker(system: str, data: str, tokenizer_path: str, max_seq_len: int, cache
 
         from tune.datasets import alpaca_dataset
 
-        tokenizer = _our_tokenizer(tokenizer_path, max_seq_len)
+        tokenizer = _our_tokenizer(tokenizer_path, max_seq_len, family)
     t1 = time.perf_counter()
     kwargs = {"num_proc": num_proc} if system == "tune" and num_proc else {}
     ds = alpaca_dataset(tokenizer, source="json", data_files=data, packed=True, split="train", cache_dir=cache_dir,
@@ -128,7 +249,7 @@ def _worker(system: str, data: str, tokenizer_path: str, max_seq_len: int, cache
 def _run(python: str, system: str, args, data: Path, cache_dir: str) -> dict:
     cmd = [python, __file__, "--worker", system, "--data", str(data), "--tokenizer", str(args.tokenizer),
            "--max-seq-len", str(args.max_seq_len), "--cache-dir", cache_dir,
-           "--num-proc", str(args.num_proc)]  # fmt: skip
+           "--num-proc", str(args.num_proc), "--family", args.family]  # fmt: skip
     env = dict(os.environ, TQDM_DISABLE="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1", TUNE_LOG_LEVEL="WARNING")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(REPO))
     if proc.returncode:
@@ -155,12 +276,12 @@ def _table(results: list[dict], num_samples: int) -> str:
             f"{child:,.0f} | {statistics.median(r['tokenizer_us_per_sample'] for r in runs):.0f} | "
             f"{runs[0]['tokens_sha256']} |"
         )
-    if "torchtune 0.6.1 (cold)" in summary:
-        base_speed, base_rss = summary["torchtune 0.6.1 (cold)"]
-        for label, (speed, rss) in summary.items():
-            if label.startswith("tune"):
-                ratio = f"{speed / base_speed:.1f}x torchtune's samples/s, peak RSS {rss / base_rss:.2f}x"
-                rows.append(f"\n{label}: {ratio}")
+    for label, (speed, rss) in summary.items():
+        family, _, system = label.rpartition(": ")
+        base = summary.get(f"{family}: torchtune 0.6.1 (cold)" if family else "torchtune 0.6.1 (cold)")
+        if system.startswith("tune") and base is not None:
+            ratio = f"{speed / base[0]:.1f}x torchtune's samples/s, peak RSS {rss / base[1]:.2f}x"
+            rows.append(f"\n{label}: {ratio}")
     return "\n".join(rows)
 
 
@@ -173,33 +294,52 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--num-proc", type=int, default=0, help="tune's tokenising processes (0: automatic)")
     ap.add_argument("--out", type=Path, default=Path("bench_data.json"))
+    ap.add_argument(
+        "--families", default="",
+        help=f"comma-separated families ({', '.join(_FAMILIES)}, or 'all'), each with its tokenizer builder's "
+        "default settings; empty: the Llama-2 tokenizer without a prompt template",
+    )  # fmt: skip
+    ap.add_argument("--family", default="plain", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["tune", "torchtune"], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", help=argparse.SUPPRESS)
     ap.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        result = _worker(args.worker, args.data, args.tokenizer, args.max_seq_len, args.cache_dir, args.num_proc)
+        result = _worker(
+            args.worker, args.data, args.tokenizer, args.max_seq_len, args.cache_dir, args.num_proc, args.family
+        )
         print(json.dumps(result))
         return
 
     work = Path(tempfile.mkdtemp(prefix="bench_data_"))
     try:
         data = make_data(args.assets, args.num_samples, work / f"alpaca_{args.num_samples}.json")
-        args.tokenizer = args.assets / "tokenizer" / "tokenizer.model"
+        families = list(_FAMILIES) if args.families == "all" else [f for f in args.families.split(",") if f]
+        unknown = sorted(set(families) - set(_FAMILIES))
+        if unknown:
+            raise SystemExit(f"unknown families {unknown}; choose from {', '.join(_FAMILIES)} or 'all'")
+        tokenizers = {"plain": args.assets / "tokenizer" / "tokenizer.model"} if not families else {}
+        for family in families:  # built once, before any timing (from the first 2,000 samples' text)
+            kind = _FAMILIES[family][2]
+            tokenizers[family] = _make_tokenizer(kind, args.assets, args.assets / "alpaca_synth.json", work / kind)
         results = []
         for rep in range(args.reps):
-            plan = [("tune", sys.executable)] + ([("torchtune", args.tt_python)] if args.tt_python else [])
-            for system, python in plan if rep % 2 == 0 else plan[::-1]:  # interleave, alternating who goes first
-                cache = str(work / f"cache_{system}_{rep}")
-                procs = f", {args.num_proc} process{'es' * (args.num_proc > 1)}" if args.num_proc else ""
-                label = f"tune (cold{procs})" if system == "tune" else "torchtune 0.6.1 (cold)"
-                results.append({"label": label, **_run(python, system, args, data, cache)})
-                print(json.dumps(results[-1]), flush=True)
-                if system == "tune":  # same cache again: the rerun reads the tokenised data from disk
-                    results.append({"label": f"tune (warm cache{procs})", **_run(python, system, args, data, cache)})
+            for family, tokenizer in tokenizers.items():
+                args.family, args.tokenizer = family, tokenizer
+                prefix = "" if family == "plain" else f"{family}: "
+                plan = [("tune", sys.executable)] + ([("torchtune", args.tt_python)] if args.tt_python else [])
+                for system, python in plan if rep % 2 == 0 else plan[::-1]:  # interleave, alternating who goes first
+                    cache = str(work / f"cache_{system}_{family}_{rep}")
+                    procs = f", {args.num_proc} process{'es' * (args.num_proc > 1)}" if args.num_proc else ""
+                    label = prefix + (f"tune (cold{procs})" if system == "tune" else "torchtune 0.6.1 (cold)")
+                    results.append({"label": label, "family": family, **_run(python, system, args, data, cache)})
                     print(json.dumps(results[-1]), flush=True)
-                shutil.rmtree(cache, ignore_errors=True)
+                    if system == "tune":  # same cache again: the rerun reads the tokenised data from disk
+                        label = f"{prefix}tune (warm cache{procs})"
+                        results.append({"label": label, "family": family, **_run(python, system, args, data, cache)})
+                        print(json.dumps(results[-1]), flush=True)
+                    shutil.rmtree(cache, ignore_errors=True)
         table = _table(results, args.num_samples)
         print(f"\n{args.num_samples:,} alpaca samples, max_seq_len {args.max_seq_len}, {os.cpu_count()} CPUs\n")
         print(table)

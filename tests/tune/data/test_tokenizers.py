@@ -2,14 +2,17 @@
 tests/tune/models/test_tokenizers_<family>.py."""
 
 import json
+import os
+import random
 
 import pytest
 
 from tests.tune.data._tiny_tokenizers import qwen_tokenizer_json, sentencepiece_model, tiktoken_file
 from tune.data import HuggingFaceBaseTokenizer, SentencePieceBaseTokenizer, TikTokenBaseTokenizer, truncate
+from tune.data._chat_formats import Segment
 from tune.data._tokenizers import load_tiktoken_ranks
 from tune.data._tokenizers._tiktoken import _split_long
-from tune.data._tokenizers._utils import token_flags
+from tune.data._tokenizers._utils import byte_runs, encode_chunked_batch, flags_from_lengths, token_flags
 from tune.models.llama3._tokenizer import LLAMA3_PATTERN
 
 TEXT = "Hello world, café 12345 naïve!\n\n  two spaces"
@@ -190,6 +193,60 @@ def test_token_flags_rule():
     assert token_flags([(0, 2), (1, 3), (4, 5), (2, 2), (5, 5)], flags) == [False, True, False, True, False]
 
 
+def test_flags_from_lengths_follow_the_token_flags_rule():
+    # the same rule from token lengths (tokens tiling the text) and runs of flags, against token_flags itself
+    rng = random.Random(0)
+    for _ in range(500):
+        runs, end = [], 0
+        for _ in range(rng.randint(1, 5)):
+            end += rng.randint(1, 6)
+            runs.append((end, rng.random() < 0.5))
+        flags = bytearray()
+        start = 0
+        for run_end, trained in runs:
+            flags.extend([trained] * (run_end - start))
+            start = run_end
+        lengths, total = [], 0
+        while total < end:  # empty tokens anywhere, last token may not reach past the end
+            length = min(rng.choice([0, 1, 1, 2, 3, 5]), end - total)
+            lengths.append(length)
+            total += length
+        offsets = [(sum(lengths[:i]), sum(lengths[: i + 1])) for i in range(len(lengths))]
+        assert flags_from_lengths(lengths, runs) == token_flags(offsets, flags), (lengths, runs)
+    assert byte_runs([Segment("ab", False), Segment("é", True)]) == ("abé", [(2, False), (4, True)])
+
+
+@pytest.mark.parametrize("dummy_prefix", [True, False])
+def test_sentencepiece_masks_from_token_lengths_equal_masks_from_offsets(dummy_prefix):
+    # SentencePiece models that encode by words compute the flags of mixed texts from each piece's byte length;
+    # the result must equal the flags from SentencePiece's own offsets (token_flags), text by text
+    from tests.tune.data._tiny_tokenizers import corpus
+
+    sp = SentencePieceBaseTokenizer(sentencepiece_model(dummy_prefix=dummy_prefix) / "tokenizer.model")
+    assert (sp._piece_byte_lengths() is not None) == dummy_prefix
+    rng = random.Random(1)
+    lines = list(corpus())
+    conversations = []
+    for _ in range(300):  # several texts per conversation, split at random characters, flags at random
+        segments = [Segment("<s>", False, special=True)] if rng.random() < 0.5 else []
+        for _ in range(rng.randint(1, 4)):
+            text = rng.choice(lines) + rng.choice(["", " ", "\n", "  x", " é", "\u2581y"])
+            cuts = sorted(rng.sample(range(1, len(text)), min(3, len(text) - 1)))
+            for a, b in zip([0, *cuts], [*cuts, len(text)]):
+                segments.append(Segment(text[a:b], rng.random() < 0.5))
+            segments.append(Segment("</s>", rng.random() < 0.5, special=True))
+        conversations.append(segments)
+    fast = sp.encode_segments_batch(conversations)
+    by_offsets = encode_chunked_batch(
+        conversations,
+        sp.token_id,
+        sp._encode_whole,
+        sp._encode_with_offsets_batch,
+        prepare_separate=sp._prepare_separate,
+    )
+    assert fast == by_offsets
+
+
 def _family_tokenizers():
     from tests.tune.data._tiny_tokenizers import phi3_tokenizer_dir
     from tune.models.gemma2._tokenizer import gemma2_tokenizer
@@ -278,3 +335,28 @@ def test_tokenizer_json_rejects_separately_encoded_text(hf):
 
     with pytest.raises(ValueError, match="cannot encode messages separately"):
         hf.encode_segments([Segment("text", True, separate=True)])
+
+
+def test_sentencepiece_pickle_is_the_same_in_every_process():
+    # the datasets cache key hashes the pickled tokenizer: rstrip tokens (a frozenset, pickled in hash order) made
+    # Phi-3's key differ from process to process, so a rerun never found its tokenised cache
+    import subprocess
+    import sys
+
+    path = sentencepiece_model() / "tokenizer.model"
+    code = (
+        "import hashlib, pickle, sys; from tune.data import SentencePieceBaseTokenizer; "
+        "tok = SentencePieceBaseTokenizer(sys.argv[1], {'<|a|>': 600, '<|b|>': 601, '<|c|>': 602}, "
+        "rstrip_tokens=['<|a|>', '<|b|>', '<|c|>']); print(hashlib.sha256(pickle.dumps(tok)).hexdigest())"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code, str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout  # fmt: skip
+        for seed in range(4)
+    }
+    assert len(digests) == 1

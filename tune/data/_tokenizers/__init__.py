@@ -10,7 +10,7 @@ from tune.data._tokenizers._chat import (
 from tune.data._tokenizers._huggingface import HuggingFaceBaseTokenizer, byte_level_bpe_tokenizer, load_byte_level_bpe
 from tune.data._tokenizers._sentencepiece import SentencePieceBaseTokenizer
 from tune.data._tokenizers._tiktoken import TikTokenBaseTokenizer, load_tiktoken_ranks
-from tune.data._tokenizers._utils import truncate
+from tune.data._tokenizers._utils import TokenizerFileError, TokenizerFileNotFoundError, read_json_file, truncate
 
 __all__ = [
     "ChatTokenizer",
@@ -19,9 +19,12 @@ __all__ = [
     "SentencePieceBaseTokenizer",
     "TextTokenizer",
     "TikTokenBaseTokenizer",
+    "TokenizerFileError",
+    "TokenizerFileNotFoundError",
     "byte_level_bpe_tokenizer",
     "load_byte_level_bpe",
     "load_tiktoken_ranks",
+    "read_json_file",
     "resolve_prompt_template",
     "select_chat_format",
     "truncate",

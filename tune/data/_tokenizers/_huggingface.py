@@ -1,12 +1,18 @@
 """Tokenizers shipped as Hugging Face ``tokenizer.json`` (+ ``tokenizer_config.json``): Qwen, Phi-3, and others."""
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._utils import char_flags, require_file, token_flags
+from tune.data._tokenizers._utils import (
+    TokenizerFileError,
+    char_flags,
+    read_json_file,
+    require_file,
+    token_flags_batch,
+    unreadable_file,
+)
 
 
 def _token_content(value: Any) -> str | None:
@@ -19,8 +25,7 @@ def _token_content(value: Any) -> str | None:
 def _read_json(path: Path | None) -> dict:
     if path is None or not path.is_file():
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_json_file(path, path.name)
 
 
 class HuggingFaceBaseTokenizer:
@@ -43,7 +48,7 @@ class HuggingFaceBaseTokenizer:
         vocab_size (int): including added tokens.
 
     Raises:
-        FileNotFoundError: if no tokenizer.json is found.
+        TokenizerFileError: if no tokenizer.json is found (a ``FileNotFoundError`` too), or a file does not parse.
     """
 
     def __init__(
@@ -58,10 +63,15 @@ class HuggingFaceBaseTokenizer:
         path = Path(tokenizer_json_path).expanduser()
         if path.is_dir():
             path = path / "tokenizer.json"
-        path = require_file(path, "tokenizer.json", "Pass the tokenizer.json file (or its directory) of the model.")
+        hint = "Pass the tokenizer.json file (or its directory) of the model."
+        path = require_file(path, "tokenizer.json", hint)
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as error:  # the Rust library raises a bare Exception for a file it cannot parse
+            raise unreadable_file(path, "Hugging Face tokenizer.json", error, hint) from error
         config_path = Path(tokenizer_config_json_path or path.parent / "tokenizer_config.json")
         generation_path = Path(generation_config_path or path.parent / "generation_config.json")
-        self._setup(Tokenizer.from_file(str(path)), _read_json(config_path), _read_json(generation_path))
+        self._setup(tokenizer, _read_json(config_path), _read_json(generation_path))
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, config: dict | None = None) -> "HuggingFaceBaseTokenizer":
@@ -159,10 +169,9 @@ class HuggingFaceBaseTokenizer:
             texts.append(text)
             all_flags.append(flags)
         encodings = self._chat.encode_batch(texts, add_special_tokens=False)
-        return [
-            (encoding.ids, token_flags(encoding.offsets, flags, encoding.ids, self._added))
-            for encoding, flags in zip(encodings, all_flags)
-        ]
+        ids = [encoding.ids for encoding in encodings]
+        offsets = [encoding.offsets for encoding in encodings]
+        return list(zip(ids, token_flags_batch(offsets, all_flags, ids, self._added)))
 
     def _check_segment(self, segment: Segment) -> None:
         if segment.separate:
@@ -204,7 +213,13 @@ def byte_level_bpe_tokenizer(
 
     vocab_path = require_file(vocab_path, "vocab.json", "Pass the vocab.json file shipped with the model.")
     merges_path = require_file(merges_path, "merges.txt", "Pass the merges.txt file shipped with the model.")
-    tokenizer = Tokenizer(BPE.from_file(str(vocab_path), str(merges_path)))
+    try:
+        tokenizer = Tokenizer(BPE.from_file(str(vocab_path), str(merges_path)))
+    except Exception as error:  # the Rust library raises a bare Exception for files it cannot parse
+        said = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise TokenizerFileError(
+            f"{str(vocab_path)!r} and {str(merges_path)!r} are not a valid vocab.json + merges.txt pair ({said})."
+        ) from error
     if nfc:
         tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
@@ -255,7 +270,7 @@ def load_byte_level_bpe(
         return HuggingFaceBaseTokenizer(path)
     if special_tokens_path is not None:
         file = require_file(special_tokens_path, "special_tokens_path", "Pass the model's tokenizer.json.")
-        entries = json.loads(file.read_text(encoding="utf-8")).get("added_tokens", [])
+        entries = read_json_file(file, "special_tokens_path").get("added_tokens", [])
         added_tokens = [(e["content"], bool(e.get("special", True))) for e in sorted(entries, key=lambda e: e["id"])]
     tokenizer = byte_level_bpe_tokenizer(path, merges_file, pattern=pattern, added_tokens=added_tokens)
     return HuggingFaceBaseTokenizer.from_tokenizer(tokenizer)

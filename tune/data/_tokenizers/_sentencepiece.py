@@ -7,8 +7,12 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._utils import encode_chunked_batch, require_file
+from tune.data._tokenizers._utils import encode_chunked_batch, require_file, unreadable_file
 
+_OTHER_KINDS = (
+    " A Llama 3 tokenizer.model is a tiktoken file and a tokenizer.json needs the Hugging Face loader: use the "
+    "tokenizer builder of the model's family."
+)
 # torchtune's test for a vocabulary that encodes whitespace itself (byte fallback or whitespace pieces)
 _WHITESPACE_CHARS = (" ", "\n", "\t", "\r", "\v")
 # Batches of at least this many texts go to SentencePiece's own thread pool.
@@ -68,7 +72,7 @@ class SentencePieceBaseTokenizer:
         vocab_size (int): number of pieces.
 
     Raises:
-        FileNotFoundError: if ``path`` is not a file.
+        TokenizerFileError: if ``path`` is not a file (a ``FileNotFoundError`` too) or not a SentencePiece model.
     """
 
     def __init__(
@@ -79,8 +83,12 @@ class SentencePieceBaseTokenizer:
     ) -> None:
         import sentencepiece as spm
 
-        path = require_file(path, "SentencePiece model", "Pass the tokenizer.model file shipped with the model.")
-        self._sp = spm.SentencePieceProcessor(model_file=str(path))
+        hint = "Pass the tokenizer.model file shipped with the model."
+        path = require_file(path, "SentencePiece model", hint)
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as error:
+            raise unreadable_file(path, "SentencePiece model", error, hint + _OTHER_KINDS) from error
         self.bos_id: int = self._sp.bos_id()
         self.eos_id: int = self._sp.eos_id()
         self.pad_id: int = self._sp.pad_id() if self._sp.pad_id() >= 0 else 0
@@ -98,10 +106,15 @@ class SentencePieceBaseTokenizer:
 
     def __getstate__(self) -> dict:
         # the word caches are a speed-up, not part of the tokenizer: keep them out of pickles and cache keys
-        return {k: v for k, v in self.__dict__.items() if k not in ("_first_words", "_later_words")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_first_words", "_later_words", "_piece_bytes")}
+        # a frozenset pickles in hash order, which changes from process to process (and so would the datasets
+        # cache key): store it sorted
+        state["_rstrip"] = sorted(self._rstrip)
+        return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._rstrip = frozenset(self._rstrip)
         self._first_words, self._later_words = {}, {}
 
     def encode(
@@ -186,8 +199,35 @@ class SentencePieceBaseTokenizer:
         """:meth:`encode_segments` of several conversations, their texts encoded in one SentencePiece call."""
         return encode_chunked_batch(
             conversations, self.token_id, self._encode_batch, self._encode_with_offsets_batch, self._rstrip,
-            self._prepare_separate,
+            self._prepare_separate, self._token_lengths if self._piece_byte_lengths() is not None else None,
         )  # fmt: skip
+
+    def _piece_byte_lengths(self) -> list[int] | None:
+        """Each piece's length in UTF-8 bytes of the text it stands for ("▁" is one space, a byte piece one byte,
+        control pieces none), for models that encode by words (see :func:`_splits_at_words`: identity
+        normalisation, so a text's tokens tile its bytes after the dummy-prefix "▁"); None for other models.
+        Built on first use."""
+        lengths = getattr(self, "_piece_bytes", None)
+        if lengths is None and self._by_words and self._sp.piece_to_id("\u2581") != self._sp.unk_id():
+            sp = self._sp
+            lengths = [
+                1 if sp.is_byte(i) else
+                0 if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) else
+                len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+                for i in range(sp.vocab_size())
+            ]  # fmt: skip
+            self._piece_bytes = lengths
+        return lengths
+
+    def _token_lengths(self, text: str, ids: list[int]) -> list[int] | None:
+        """Byte lengths of the tokens of ``text`` encoded whole: the first token's dummy-prefix "▁" stands for no
+        byte of the text. None when the text holds a literal "▁" (three bytes that become a one-space piece)."""
+        if "\u2581" in text:
+            return None
+        lengths = list(map(self._piece_bytes.__getitem__, ids))
+        if lengths:
+            lengths[0] -= 1
+        return lengths
 
     def _encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self._by_words and len(texts) >= _MIN_BATCH:

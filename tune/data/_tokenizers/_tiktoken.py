@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._utils import encode_chunked_batch, require_file
+from tune.data._tokenizers._utils import TokenizerFileError, encode_chunked_batch, require_file
 
 # tiktoken is quadratic on very long runs of whitespace (or of non-whitespace), and refuses strings over ~400k
 # characters; long inputs are cut into pieces that stay under both limits before encoding.
@@ -30,8 +30,8 @@ def load_tiktoken_ranks(path: "str | Path") -> dict[bytes, int]:
         dict[bytes, int]: token bytes -> rank (= token id).
 
     Raises:
-        FileNotFoundError: if the file does not exist.
-        ValueError: for a malformed line (its number is given).
+        TokenizerFileError: if the file does not exist (a ``FileNotFoundError`` too), holds no tokens, or has a
+            malformed line (its number is given).
     """
     path = require_file(path, "tiktoken BPE file", "Pass the tokenizer.model file shipped with the model.")
     ranks: dict[bytes, int] = {}
@@ -42,10 +42,12 @@ def load_tiktoken_ranks(path: "str | Path") -> dict[bytes, int]:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
         except (ValueError, binascii.Error):
-            raise ValueError(
+            raise TokenizerFileError(
                 f"{path}:{number} is not a tiktoken BPE line ('<base64 token> <rank>'): {line[:80]!r}. Is this a "
                 "SentencePiece model instead? Use the family's tokenizer builder that matches the file."
             ) from None
+    if not ranks:
+        raise TokenizerFileError(f"tiktoken BPE file {str(path)!r} holds no tokens: it is empty or truncated.")
     return ranks
 
 
@@ -179,4 +181,11 @@ class TikTokenBaseTokenizer:
 
         A ``separate`` segment needs no trimming here: tiktoken adds no space before a text.
         """
-        return encode_chunked_batch(conversations, self.token_id, self._encode_batch, self._encode_with_offsets_batch)
+        return encode_chunked_batch(
+            conversations, self.token_id, self._encode_batch, self._encode_with_offsets_batch,
+            token_lengths=self._token_lengths,
+        )  # fmt: skip
+
+    def _token_lengths(self, text: str, ids: list[int]) -> list[int]:
+        """Byte lengths of the tokens of ``text``: byte-level BPE tokens tile the text's UTF-8 bytes."""
+        return list(map(self._num_bytes.__getitem__, ids))

@@ -1,11 +1,15 @@
 """Helpers shared by the text tokenizers: truncation and turning rendered segments into tokens plus flags."""
 
+import bisect
+import itertools
+import json
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from tune.data._chat_formats import Segment
+from tune.utils import TuneError
 
 
 def truncate(tokens: list, max_seq_len: int, eos_id=None) -> list:
@@ -82,11 +86,97 @@ def token_flags(
     return np.where(point, at_start, trained).tolist()
 
 
+def token_flags_batch(
+    offsets: Sequence[Sequence[tuple[int, int]]],
+    flags: Sequence[bytearray],
+    ids: Sequence[Sequence[int]],
+    atomic: "Collection[int]" = (),
+) -> list[list[bool]]:
+    """:func:`token_flags` of several texts at once (the same result, text by text), in one set of array
+    operations over all their tokens instead of one per text."""
+    counts = [len(o) for o in offsets]
+    total = sum(counts)
+    if not total:
+        return [[] for _ in counts]
+    spans = np.fromiter(
+        itertools.chain.from_iterable(itertools.chain.from_iterable(offsets)), dtype=np.int64, count=2 * total
+    ).reshape(total, 2)
+    lengths = np.fromiter(map(len, flags), dtype=np.int64, count=len(flags))
+    text_start = np.repeat(np.cumsum(lengths) - lengths, counts)  # each token's text, as a position in all texts
+    text_length = np.repeat(lengths, counts)
+    flag_array = np.frombuffer(b"".join(flags), dtype=np.uint8)
+    before = np.zeros(len(flag_array) + 1, dtype=np.int64)
+    np.cumsum(flag_array, out=before[1:])
+    start = np.minimum(spans[:, 0], text_length)
+    end = np.clip(spans[:, 1], start, text_length)
+    trained = before[text_start + end] > before[text_start + start]
+    at = text_start + np.minimum(spans[:, 0], text_length - 1)
+    at_start = flag_array[np.clip(at, 0, max(len(flag_array) - 1, 0))] == 1 if len(flag_array) else trained
+    point = spans[:, 1] <= spans[:, 0]
+    if atomic:
+        all_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total)
+        point |= np.isin(all_ids, np.fromiter(atomic, dtype=np.int64))
+    result = np.where(point, at_start, trained) & (text_length > 0)  # a text without flags trains nothing
+    flat = result.tolist()
+    out, position = [], 0
+    for count in counts:
+        out.append(flat[position : position + count])
+        position += count
+    return out
+
+
+def byte_runs(segments: Sequence[Segment]) -> tuple[str, list[tuple[int, bool]]]:
+    """Joins the segments' text and returns it with ``(UTF-8 byte end, trainable)`` for each segment."""
+    runs, end = [], 0
+    for s in segments:
+        end += len(s.text) if s.text.isascii() else len(s.text.encode("utf-8"))
+        runs.append((end, s.trainable))
+    return "".join(s.text for s in segments), runs
+
+
+def flags_from_lengths(lengths: Sequence[int], runs: Sequence[tuple[int, bool]]) -> list[bool]:
+    """:func:`token_flags` for tokens that tile the text: token i spans ``[sum(lengths[:i]), sum(lengths[:i+1]))``
+    UTF-8 bytes, and the text is ``runs`` of positions with one flag each (``(end, trainable)``, see
+    :func:`byte_runs`).
+
+    Same rule as :func:`token_flags` (trained when any byte it covers is; an empty token takes the flag of the
+    byte at its start), in O(runs x log tokens) list operations instead of a pass over every byte.
+    """
+    ends = list(itertools.accumulate(lengths))
+    num_tokens = len(ends)
+    out = [False] * num_tokens
+    if not num_tokens or not runs:
+        return out
+    start = 0
+    for end, trained in runs:
+        if trained and end > start:
+            first = bisect.bisect_right(ends, start)  # first token ending after the run starts
+            stop = min(bisect.bisect_left(ends, end) + 1, num_tokens)  # past the last token starting before its end
+            out[first:stop] = [True] * (stop - first)
+        start = end
+    if 0 in lengths:  # an empty token (SentencePiece's dummy-prefix "▁" alone) takes the flag at its position
+        last = runs[-1][0] - 1
+        for i, length in enumerate(lengths):
+            if not length:
+                position = min(ends[i], last)
+                out[i] = next(trained for end, trained in runs if end > position)
+    return out
+
+
+def _flags_of_runs(runs: Sequence[tuple[int, bool]]) -> bytearray:
+    flags, start = bytearray(), 0
+    for end, trained in runs:
+        flags.extend(b"\x01" * (end - start) if trained else b"\x00" * (end - start))
+        start = end
+    return flags
+
+
 # How a separate segment is encoded: (text) -> (text to encode, number of leading tokens to drop afterwards).
 PrepareSeparate = Callable[[str, bool], tuple[str, int]]
 
-# Parts of a planned conversation: a special token, a text with one flag, or a text mixing trained and untrained.
-_SPECIAL, _TEXT, _MIXED = 0, 1, 2
+# Parts of a planned conversation: a special token, a text with one flag, or a text mixing trained and untrained
+# (by offsets, or by token lengths when the tokenizer knows each token's length in the text).
+_SPECIAL, _TEXT, _MIXED, _MIXED_BY_LENGTHS = 0, 1, 2, 3
 
 
 def _plan(
@@ -96,6 +186,7 @@ def _plan(
     prepare_separate: PrepareSeparate,
     texts: list[str],
     mixed: list[tuple[str, bytearray]],
+    by_lengths: bool = False,
 ) -> list[tuple]:
     """Splits one conversation into parts; texts to encode are appended to ``texts``/``mixed`` (by index)."""
     plan: list[tuple] = []
@@ -107,6 +198,10 @@ def _plan(
         if all(s.trainable == chunk[0].trainable for s in chunk):
             plan.append((_TEXT, len(texts), chunk[0].trainable, 0))
             texts.append("".join(s.text for s in chunk))
+        elif by_lengths:
+            text, runs = byte_runs(chunk)
+            plan.append((_MIXED_BY_LENGTHS, len(texts), runs))
+            texts.append(text)
         else:
             plan.append((_MIXED, len(mixed)))
             mixed.append(byte_flags(chunk))
@@ -145,6 +240,7 @@ def encode_chunked_batch(
     encode_with_offsets_batch: Callable[[list[str]], list[tuple[list[int], list[tuple[int, int]]]]],
     rstrip: "frozenset[str]" = frozenset(),
     prepare_separate: PrepareSeparate = _no_prefix,
+    token_lengths: Callable[[str, list[int]], "list[int] | None"] | None = None,
 ) -> list[tuple[list[int], list[bool]]]:
     """Encodes rendered conversations for tokenizers that split the text at special tokens first (SentencePiece,
     tiktoken), with one batch call to the backend for all the texts of all the conversations.
@@ -154,7 +250,10 @@ def encode_chunked_batch(
     a trained segment. A ``separate`` segment is encoded on its own (``prepare_separate`` may prefix it with text
     whose tokens are then dropped). Whitespace right after a special token named in ``rstrip`` is dropped, as
     Hugging Face does for added tokens marked ``rstrip`` (Phi-3's ``<|user|>``, ``<|end|>``, ...). Offsets (UTF-8
-    byte spans) are only computed for chunks that mix trained and untrained text.
+    byte spans) are only computed for chunks that mix trained and untrained text; with ``token_lengths`` (a text
+    and its ids -> each token's length in UTF-8 bytes of the text, the tokens tiling it, or None when it cannot
+    tell) such chunks are encoded with ``encode_batch`` like the others and the flags follow from the lengths
+    (:func:`flags_from_lengths`).
 
     Returns:
         list[tuple[list[int], list[bool]]]: ``(tokens, trainable)`` per conversation.
@@ -168,7 +267,11 @@ def encode_chunked_batch(
             special_ids[token] = special_id(token)
         return special_ids[token]
 
-    plans = [_plan(segments, cached_special_id, rstrip, prepare_separate, texts, mixed) for segments in conversations]
+    by_lengths = token_lengths is not None
+    plans = [
+        _plan(segments, cached_special_id, rstrip, prepare_separate, texts, mixed, by_lengths)
+        for segments in conversations
+    ]
     encoded = encode_batch(texts) if texts else []
     mixed_encoded = encode_with_offsets_batch([text for text, _ in mixed]) if mixed else []
     results = []
@@ -183,6 +286,15 @@ def encode_chunked_batch(
                 ids = encoded[part[1]][part[3] :] if part[3] else encoded[part[1]]
                 tokens.extend(ids)
                 trainable.extend([part[2]] * len(ids))
+            elif part[0] == _MIXED_BY_LENGTHS:
+                ids = encoded[part[1]]
+                tokens.extend(ids)
+                lengths = token_lengths(texts[part[1]], ids)
+                if lengths is not None:
+                    trainable.extend(flags_from_lengths(lengths, part[2]))
+                else:  # the tokenizer cannot tell the lengths for this text: take the offsets
+                    ids, offsets = encode_with_offsets_batch([texts[part[1]]])[0]
+                    trainable.extend(token_flags(offsets, _flags_of_runs(part[2])))
             else:
                 ids, offsets = mixed_encoded[part[1]]
                 tokens.extend(ids)
@@ -191,9 +303,38 @@ def encode_chunked_batch(
     return results
 
 
+class TokenizerFileError(TuneError, ValueError):
+    """A tokenizer file that cannot be read as the kind of tokenizer asked for; the message names the file."""
+
+
+class TokenizerFileNotFoundError(TokenizerFileError, FileNotFoundError):
+    """A tokenizer file that does not exist (or is a directory where a file was expected)."""
+
+
 def require_file(path: "str | Path", what: str, hint: str) -> Path:
-    """Returns ``path`` as a Path, or raises FileNotFoundError naming what was expected and how to get it."""
+    """Returns ``path`` as a Path, or raises TokenizerFileNotFoundError naming what was expected and how to get it."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"{what} not found at {str(path)!r}. {hint}")
+        found = "is a directory" if path.is_dir() else "not found"
+        raise TokenizerFileNotFoundError(f"{what} {found} at {str(path)!r}. {hint}")
     return path
+
+
+def unreadable_file(path: "str | Path", what: str, error: BaseException, hint: str) -> TokenizerFileError:
+    """The error for a tokenizer file that exists but does not load (``error`` is what the loader said)."""
+    said = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return TokenizerFileError(f"{str(path)!r} is not a valid {what} ({said}). {hint}")
+
+
+def read_json_file(path: "str | Path", what: str) -> dict:
+    """Reads a tokenizer's JSON file (tokenizer_config.json, tokenizer.json's added tokens), naming it on error."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as error:
+        raise TokenizerFileError(
+            f"{what} {str(path)!r} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); "
+            "copy the file from the model's repository again."
+        ) from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise TokenizerFileError(f"Could not read {what} {str(path)!r}: {error}.") from error

@@ -1,6 +1,5 @@
 """Llama 3 tokenizer (used by Llama 3, 3.1, 3.2 and 3.3): tiktoken BPE ``tokenizer.model`` with header tokens."""
 
-import json
 from pathlib import Path
 
 from tune.data._chat_formats import Llama3ChatFormat
@@ -9,7 +8,10 @@ from tune.data._tokenizers import (
     HuggingFaceBaseTokenizer,
     PromptTemplate,
     TikTokenBaseTokenizer,
+    TokenizerFileError,
+    TokenizerFileNotFoundError,
     load_tiktoken_ranks,
+    read_json_file,
 )
 
 # Llama 3's pre-tokenisation regex (from Meta's reference tokenizer): contractions, letters with an optional
@@ -51,10 +53,12 @@ def _read_special_tokens(path: str) -> dict[str, int]:
     """``added_tokens`` of a Hugging Face tokenizer.json as {content: id}."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"special_tokens_path {str(file)!r} not found; pass the model's tokenizer.json.")
-    added = json.loads(file.read_text(encoding="utf-8")).get("added_tokens")
+        raise TokenizerFileNotFoundError(
+            f"special_tokens_path {str(file)!r} not found; pass the model's tokenizer.json."
+        )
+    added = read_json_file(file, "special_tokens_path").get("added_tokens")
     if not isinstance(added, list):
-        raise ValueError(f"{file} has no 'added_tokens' list; pass the model's Hugging Face tokenizer.json.")
+        raise TokenizerFileError(f"{file} has no 'added_tokens' list; pass the model's Hugging Face tokenizer.json.")
     return {entry["content"]: int(entry["id"]) for entry in added}
 
 
