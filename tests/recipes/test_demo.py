@@ -1,6 +1,6 @@
 """The offline demo (`make demo`): its generator, its config under the real recipe, and its evaluation script.
 
-The default tier runs every stage of demo/run_demo.sh on a cut-down data set for a few steps; the slow tier runs
+The default tier runs every stage of demo/run_demo.sh on a cut-down data set for one short epoch; the slow tier runs
 the demo as shipped and checks that fine-tuning takes held-out exact match from 0 to at least 90%.
 """
 
@@ -50,32 +50,29 @@ def test_demo_generator_is_deterministic_and_held_out_lists_are_unseen(tmp_path)
 
 def test_demo_stages_run_with_the_shipped_configs(tmp_path):
     assets, out = tmp_path / "assets", tmp_path / "run"
-    _python([str(DEMO / "make_demo.py"), str(assets), "--num-train", "256", "--num-heldout", "10"], tmp_path)
-    overrides = [f"assets_dir={assets}", f"output_dir={out}", "epochs=1", "max_steps_per_epoch=4"]
-    overrides.append("log_every_n_steps=1")
+    _python([str(DEMO / "make_demo.py"), str(assets), "--num-train", "4096", "--num-heldout", "50"], tmp_path)
+    # one epoch of 128 steps (batch 32) with 8 warm-up steps instead of the shipped 50 (set for 3 epochs of 187)
+    overrides = [f"assets_dir={assets}", f"output_dir={out}", "epochs=1", "lr_scheduler.num_warmup_steps=8"]
+    overrides.append("log_every_n_steps=32")
     run_recipe("full_finetune_single_device", "demo/full_single_device", overrides, cwd=tmp_path)
     losses = [r["loss"] for r in read_jsonl(next((out / "logs").glob("*.jsonl"))) if "loss" in r]
     assert len(losses) == 4 and losses[-1] < losses[0]
-    report = _python(
-        [
-            str(DEMO / "evaluate.py"),
-            str(out / "step_4"),
-            "--tokenizer",
-            str(assets / "tokenizer" / "tokenizer.model"),
-            "--data",
-            str(assets / "data" / "heldout.json"),
-            "--label",
-            "after",
-        ],
-        tmp_path,
-    )
-    assert 0.0 <= _accuracy(report, "after") <= 1.0
+
+    def exact_match(checkpoint: Path, label: str) -> float:
+        data = ["--data", str(assets / "data" / "heldout.json"), "--label", label]
+        tokenizer = ["--tokenizer", str(assets / "tokenizer" / "tokenizer.model")]
+        return _accuracy(_python([str(DEMO / "evaluate.py"), str(checkpoint), *tokenizer, *data], tmp_path), label)
+
+    # measured at this scale (CPU, 1 thread): 0/50 before, 13/50 (26%) after the 128 steps; a training step that
+    # does not train (no update, or a wrong loss) stays at 0. 10% (5 of 50) leaves room for numerical drift.
+    assert exact_match(assets / "base_model", "before") == 0.0
+    assert exact_match(out / "step_128", "after") >= 0.10
     generated = run_recipe(
         "generate",
         "demo/generation",
         [
             f"assets_dir={assets}",
-            f"checkpointer.checkpoint_dir={out / 'step_4'}",
+            f"checkpointer.checkpoint_dir={out / 'step_128'}",
             "prompt.user=red fig cat. Reverse the list.",
         ],
         cwd=tmp_path,

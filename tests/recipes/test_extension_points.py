@@ -391,3 +391,39 @@ def test_tune_validate_honours_imports_and_checks_schedule_patterns_against_the_
     assert (
         "imports[1] = 'my_project.missing': cannot import the module: there is no module named 'my_project.missing'"
     ) in proc.stdout
+
+
+# ------------------------------------------------------------------------------- a copied recipe's loss_step metrics
+
+
+def test_metrics_returned_by_a_copied_recipes_loss_step_are_logged_as_numbers(tiny_assets, tmp_path):
+    # `tune cp` then an edited loss_step: it returns tensors (read only at logging steps) and a plain float
+    source = (ROOT / "recipes" / f"{FULL}.py").read_text()
+    original = "        return self._loss_fn(outputs, labels), {}\n"
+    edited = (
+        "        metrics = {\n"
+        "            'num_label_tokens': (labels != CROSS_ENTROPY_IGNORE_IDX).sum(),\n"
+        "            'label_fraction': (labels != CROSS_ENTROPY_IGNORE_IDX).sum() / (batch['tokens'] != 0).sum(),\n"
+        "            'loss_weight': 0.5,\n"
+        "        }\n"
+        "        return self._loss_fn(outputs, labels), metrics\n"
+    )
+    assert source.count(original) == 1, "the recipe's loss_step changed: update this test's edit"
+    recipe = tmp_path / "my_recipe.py"
+    recipe.write_text(source.replace(original, edited))
+    out = tmp_path / "run"
+    extra = ["max_steps_per_epoch=4", "log_every_n_steps=2"]
+    run_recipe(str(recipe), FULL_CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path)
+    records = [r for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
+    assert [r["step"] for r in records] == [2, 4]
+
+    # expected: the last micro-batch of each logging step (batch_size 4, no shuffle: samples 4-7 and 12-15),
+    # counted on the dataset's samples (padding_free_collate pads the row with id 0, which no sample uses)
+    dataset = tiny_dataset(tiny_assets)
+    for record in records:
+        samples = [dataset[i] for i in range(4 * (record["step"] - 1), 4 * record["step"])]
+        label_tokens = sum(sum(label != -100 for label in s["labels"][1:]) for s in samples)
+        assert type(record["num_label_tokens"]) is int and record["num_label_tokens"] == label_tokens
+        fraction = label_tokens / sum(len(s["tokens"]) for s in samples)
+        assert type(record["label_fraction"]) is float and record["label_fraction"] == pytest.approx(fraction)
+        assert record["loss_weight"] == 0.5

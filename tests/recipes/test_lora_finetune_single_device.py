@@ -107,6 +107,34 @@ def test_qlora_runs_and_saves_a_dequantised_merged_model(tiny_assets, tmp_path):
     assert merged.keys() == base.keys()
     assert all(merged[k].dtype == torch.float32 and merged[k].shape == base[k].shape for k in base)
 
+    # by value, recomputed from the saved PEFT adapter and torchao's NF4 round trip of the original weight (blocks
+    # of 64, block scales double-quantised in groups of 256: QLoRA's sizes, torchao's defaults; the tiny v_proj
+    # [64, 128] has only 128 blocks, which form one group): W' = deq(nf4(W)) + (alpha / r) * B @ A
+    import json
+
+    from torchao.quantization import to_nf4
+
+    adapter_dir = out / "step_3" / "adapter"
+    adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    scaling = adapter_config["lora_alpha"] / adapter_config["r"]  # 16 / 8 in lora_tiny.yaml
+    assert scaling == 2.0
+    adapter = load_file(adapter_dir / "adapter_model.safetensors")
+    num_adapted = 0
+    for key, weight in base.items():
+        if not any(f".{name}." in key for name in HF_TARGETS):
+            assert torch.equal(merged[key], weight), key  # not adapted, not quantised: the base weight as it was
+            continue
+        prefix = "base_model.model." + key.removesuffix(".weight")
+        lora_a, lora_b = adapter[f"{prefix}.lora_A.weight"], adapter[f"{prefix}.lora_B.weight"]
+        assert lora_b.abs().max() > 0, key  # B moved away from its zero init: the merge is not a no-op
+        nf4 = to_nf4(weight, 64, min(256, weight.numel() // 64))
+        expected = nf4.get_original_weight() + scaling * lora_b @ lora_a
+        torch.testing.assert_close(merged[key], expected, atol=1e-6, rtol=1e-6, msg=key)
+        # the NF4 round trip is visible: the merge used the quantised base, not the fp32 one
+        assert not torch.allclose(merged[key], weight + scaling * lora_b @ lora_a, atol=1e-4, rtol=0), key
+        num_adapted += 1
+    assert num_adapted == 2 * len(HF_TARGETS)  # 2 layers
+
 
 def test_resume_with_adapter_only_saves(tiny_assets, tmp_path):
     common = ["max_steps_per_epoch=4", "save_every_n_steps=2", "save_adapter_weights_only=True", "shuffle=True"]

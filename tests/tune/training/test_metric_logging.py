@@ -103,8 +103,31 @@ def test_wandb_unknown_mode_is_refused():
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb (the tune[wandb] extra) not installed")
 def test_wandb_offline_run_records_locally(tmp_path, monkeypatch):
+    # mode=None defers to WANDB_MODE; WANDB_DIR keeps the run inside tmp_path
     monkeypatch.setenv("WANDB_SILENT", "true")
-    logger = WandBLogger(project="tune-test", log_dir=tmp_path, mode="offline")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    logger = WandBLogger(project="tune-test")
     _log_two_steps(logger)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+    # read the run's transaction log back with W&B's own reader (`wandb leet inspect --json`, one record a line)
+    import subprocess
+    from pathlib import Path
+
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    proc = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(runs[0])], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    history = [r["history"] for r in records if r["type"] == "history"]
+    logged = [{k: v for k, v in h["item"].items() if not k.startswith("_")} for h in history]
+    assert [h["step"]["num"] for h in history] == [1, 2]
+    assert logged == [{"loss": 2.5, "lr": 1e-3}, {"loss": 1.25}]  # the tensor was logged as its number
+    config_updates = {}
+    for r in records:
+        if r["type"] == "config":
+            config_updates.update(r["config"]["update"])
+    assert {k: config_updates[k] for k in CONFIG} == CONFIG

@@ -1,0 +1,162 @@
+"""The GPU tier: what only a CUDA device can show. Skipped where there is none (tests/conftest.py).
+
+    pytest -m gpu tests/gpu            # on a machine with one NVIDIA GPU (float8 needs compute capability 8.9+)
+
+Each test runs a recipe on the tiny Llama of tests/recipes (tests/recipes/utils.py builds it in code) or a small
+tune model, for a few steps, and compares against a second run that differs in one setting: bf16 against fp32
+within bf16's precision, inductor against eager, offloaded activations against resident ones, FSDP2 mixed
+precision and CPU offload (one process, NCCL) against plain FSDP2, float8 matmuls and NF4 base weights against
+their high-precision runs. They need about 2 GiB of GPU memory and a minute or two in all.
+"""
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.recipes.dist_utils import run_distributed
+from tests.recipes.utils import ASSETS, build_tiny_assets, read_jsonl, run_recipe
+
+pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+
+FULL, LORA = "full_finetune_single_device", "lora_finetune_single_device"
+FULL_CONFIG, LORA_CONFIG = ASSETS / "full_tiny.yaml", ASSETS / "lora_tiny.yaml"
+# bf16 keeps 8 significant bits: a value it stores is off by up to 2^-8 relative (see the CPU bf16 test in
+# tests/recipes/test_full_finetune_single_device.py: step N's loss may differ from fp32's by about N * 2^-8)
+BF16_REL = 2**-8
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("gpu_assets")
+    return build_tiny_assets(root)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r}
+
+
+def _run(assets: Path, out: Path, *extra: str, recipe: str = FULL, config: Path = FULL_CONFIG, env=None):
+    overrides = [f"assets_dir={assets}", f"output_dir={out}", "device=cuda", "log_every_n_steps=1", *extra]
+    return run_recipe(recipe, config, overrides, cwd=out.parent, timeout=300, env=env)
+
+
+def _run_fsdp(assets: Path, out: Path, *extra: str):
+    overrides = [f"assets_dir={assets}", f"output_dir={out}", "device=cuda", "log_every_n_steps=1", *extra]
+    return run_distributed("full_finetune_distributed", FULL_CONFIG, overrides, cwd=out.parent, nproc=1)
+
+
+def test_bf16_training_tracks_fp32(assets, tmp_path):
+    _run(assets, tmp_path / "fp32", "dtype=fp32")
+    _run(assets, tmp_path / "bf16", "dtype=bf16")
+    fp32, bf16 = _losses(tmp_path / "fp32"), _losses(tmp_path / "bf16")
+    assert sorted(bf16) == sorted(fp32) == [1, 2, 3]
+    for step in fp32:
+        assert bf16[step] == pytest.approx(fp32[step], rel=step * BF16_REL, abs=0), step
+    assert bf16 != fp32  # the run did compute in bf16
+
+
+def test_inductor_compile_matches_eager(assets, tmp_path):
+    env_inductor = {"TORCH_COMPILE_BACKEND": "inductor"}  # the default; set in case the caller's env has another
+    _run(assets, tmp_path / "eager")
+    _run(assets, tmp_path / "inductor", "compile=True", env=env_inductor)
+    eager, compiled = _losses(tmp_path / "eager"), _losses(tmp_path / "inductor")
+    assert sorted(compiled) == [1, 2, 3]
+    # fp32 throughout; inductor fuses and reorders reductions: float32 rounding over a 320-way log-softmax and
+    # a few AdamW steps stays far below 1e-4
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], abs=1e-4, rel=0), step
+
+
+def test_activation_offloading_keeps_the_losses_in_the_recipe(assets, tmp_path):
+    _run(assets, tmp_path / "plain")
+    proc = _run(assets, tmp_path / "offload", "enable_activation_offloading=True")
+    assert "is ignored" not in proc.stderr
+    plain, offload = _losses(tmp_path / "plain"), _losses(tmp_path / "offload")
+    for step in plain:  # the same kernels on the same values: only where the saved tensors wait differs
+        assert offload[step] == pytest.approx(plain[step], abs=1e-6, rel=0), step
+
+
+def test_activation_offloading_keeps_gradients_and_lowers_peak_memory():
+    from tune.models.llama2 import llama2
+    from tune.training import OffloadActivations
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    # 4 layers of dim 256 (~4M parameters, 16 MiB) on 8 x 512 tokens: saved activations (hundreds of MiB)
+    # dominate the peak, which is what offloading moves to host memory
+    model = llama2(
+        vocab_size=320, num_layers=4, num_heads=4, num_kv_heads=2, embed_dim=256, max_seq_len=512, intermediate_dim=512
+    ).to(device)
+    tokens = torch.randint(3, 320, (8, 512), device=device)
+
+    def step(offload: bool) -> tuple[float, float, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        with OffloadActivations() if offload else contextlib.nullcontext():
+            logits = model(tokens)  # [b, s, vocab]
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        torch.cuda.synchronize()
+        grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+        return loss.item(), torch.cuda.max_memory_allocated(), grads
+
+    plain_loss, plain_peak, plain_grads = step(offload=False)
+    offload_loss, offload_peak, offload_grads = step(offload=True)
+    assert offload_loss == plain_loss
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(offload_grads[name], grad, msg=name)  # float32 tolerance: atomics may reorder
+    print(f"peak memory: {plain_peak / 2**20:.0f} MiB plain, {offload_peak / 2**20:.0f} MiB offloaded")
+    assert offload_peak < 0.8 * plain_peak
+
+
+def test_fsdp2_bf16_mixed_precision_tracks_fp32(assets, tmp_path):
+    _run_fsdp(assets, tmp_path / "fp32")
+    _run_fsdp(assets, tmp_path / "mixed", "fsdp_mixed_precision={param_dtype: bf16, reduce_dtype: fp32}")
+    fp32, mixed = _losses(tmp_path / "fp32"), _losses(tmp_path / "mixed")
+    assert sorted(mixed) == sorted(fp32) == [1, 2, 3]
+    # the forward and backward run on bf16 copies of fp32 master weights: each step's loss is within bf16's
+    # precision of the fp32 run's (updates are applied in fp32, so the error does not compound as with dtype=bf16)
+    for step in fp32:
+        assert mixed[step] == pytest.approx(fp32[step], rel=step * BF16_REL, abs=0), step
+    assert mixed != fp32
+
+
+def test_fsdp2_cpu_offload_keeps_the_losses(assets, tmp_path):
+    _run_fsdp(assets, tmp_path / "resident")
+    _run_fsdp(assets, tmp_path / "offload", "fsdp_cpu_offload=True")
+    resident, offload = _losses(tmp_path / "resident"), _losses(tmp_path / "offload")
+    assert sorted(offload) == [1, 2, 3]
+    # the optimizer steps on CPU in fp32 instead of on the GPU: float32 rounding only
+    for step in resident:
+        assert offload[step] == pytest.approx(resident[step], abs=1e-5, rel=0), step
+
+
+def test_float8_training_stays_close_to_bf16(assets, tmp_path):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 matmuls need compute capability 8.9+ (Ada, Hopper, Blackwell)")
+    converter = "model_converters=[{_component_: tune.training.Float8TrainingConverter}]"
+    _run(assets, tmp_path / "bf16", "dtype=bf16")
+    _run(assets, tmp_path / "float8", "dtype=bf16", converter)
+    bf16, float8 = _losses(tmp_path / "bf16"), _losses(tmp_path / "float8")
+    assert sorted(float8) == [1, 2, 3]
+    # e4m3 keeps 4 significant bits (2^-4 relative per value, with per-tensor scales); the tiny model's dims
+    # (64, 128, 256) are multiples of 16 as float8 matmuls need; the output projection stays in bf16 (the default)
+    for step in bf16:
+        assert float8[step] == pytest.approx(bf16[step], rel=2**-4, abs=0), step
+    assert float8 != bf16
+
+
+def test_qlora_nf4_on_cuda_matches_cpu(assets, tmp_path):
+    _run(assets, tmp_path / "cuda", "model.quantize_base=True", recipe=LORA, config=LORA_CONFIG)
+    overrides = [f"assets_dir={assets}", f"output_dir={tmp_path / 'cpu'}", "log_every_n_steps=1"]
+    run_recipe(LORA, LORA_CONFIG, [*overrides, "model.quantize_base=True"], cwd=tmp_path, timeout=300)
+    on_cuda, on_cpu = _losses(tmp_path / "cuda"), _losses(tmp_path / "cpu")
+    assert sorted(on_cuda) == [1, 2, 3]
+    # NF4 quantisation is deterministic (nearest of 16 levels per value, absmax scales): both devices hold the
+    # same base weights, and the fp32 computation around them differs by float32 rounding
+    for step in on_cpu:
+        assert on_cuda[step] == pytest.approx(on_cpu[step], abs=1e-4, rel=0), step
