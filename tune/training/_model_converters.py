@@ -13,7 +13,8 @@ Order rule. Each converter declares a ``kind``, the kinds that must run after it
 (``must_follow``), or not at all beside it (``conflicts_with``); :func:`validate_converter_order` checks a list up
 front and names both converters and the fix. The built-in kinds:
 
-- ``"peft"`` (converters that wrap linear layers in adapters, e.g. LoRA from a plugin) comes first: the QAT
+- ``"peft"`` (converters that wrap linear layers in adapters: :class:`LoRAConverter`, or one from a plugin) comes
+  first: the QAT
   converter knows :class:`~tune.modules.peft.LoRALinear` and fake-quantises the merged weight the deployed model
   will hold, whereas an adapter wrapper running after it would meet torchao's ``FakeQuantizedLinear`` (an
   ``nn.Linear``) and silently drop its fake quantisers. LoRA built by a ``lora_*`` builder already exists when
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tune.modules.peft import DoRALinear, LoRALinear, is_nf4_tensor
+from tune.modules.peft import DoRALinear, LoRALinear, apply_lora, is_nf4_tensor
 from tune.utils import get_logger, import_optional
 
 log = get_logger(__name__)
@@ -184,6 +185,93 @@ def _post_step_hook(hook: Callable[[nn.Module], None], model: nn.Module) -> Call
         hook(model)
 
     return run
+
+
+class LoRAConverter:
+    """LoRA (or DoRA, or QLoRA) on any model, chosen by module names: the way to fine-tune a model whose builder has
+    no ``lora_*`` variant (a base builder such as ``llama3_2_1b``, or a model family from outside tune) with the LoRA
+    recipes, which then train only these adapters and save them in the PEFT format.
+
+    ``convert`` calls :func:`~tune.modules.peft.apply_lora` on the model as built, its weights loaded (on the meta
+    device in the distributed recipe, which initialises the adapters before sharding). In a config::
+
+        model: {_component_: tune.models.llama3_2.llama3_2_1b}
+        model_converters:
+          - _component_: tune.training.LoRAConverter
+            target_modules: [q_proj, v_proj, "layers.*.mlp.w1"]
+            rank: 8
+            alpha: 16
+
+    Args:
+        target_modules (str | Sequence[str]): patterns over ``model.named_modules()`` names, as in
+            :func:`~tune.modules.peft.apply_lora` (a name or dotted suffix such as ``q_proj``, a glob, or a regular
+            expression). Only ``nn.Linear`` layers are adapted.
+        rank (int): LoRA rank.
+        alpha (float): LoRA alpha; the update is scaled by ``alpha / rank``.
+        dropout (float): dropout on the adapter input. Default 0.0.
+        use_dora (bool): DoRA instead of LoRA. Default False.
+        quantize_base (bool): store the adapted layers' base weights in NF4 (QLoRA). Default False.
+
+    Raises:
+        ValueError: for a rank that is not a positive integer or an empty ``target_modules``; ``convert`` raises when
+            no ``nn.Linear`` matches, listing the model's linear layers.
+    """
+
+    kind = "peft"
+    must_precede: tuple[str, ...] = ()
+    must_follow: tuple[str, ...] = ()
+    conflicts_with: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        target_modules: str | Sequence[str],
+        rank: int,
+        alpha: float,
+        dropout: float = 0.0,
+        use_dora: bool = False,
+        quantize_base: bool = False,
+    ) -> None:
+        targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+        if not targets or not all(isinstance(t, str) and t for t in targets):
+            raise ValueError(
+                f"target_modules must be module names or patterns such as [q_proj, v_proj], got {target_modules!r}."
+            )
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+            raise ValueError(f"rank must be a positive integer such as 8, got {rank!r}.")
+        self.target_modules = targets
+        self.rank = rank
+        self.alpha = float(alpha)
+        self.dropout = float(dropout)
+        self.use_dora = use_dora
+        self.quantize_base = quantize_base
+
+    def convert(self, model: nn.Module) -> nn.Module:
+        """Puts adapters on the matching ``nn.Linear`` layers of ``model`` (in place) and freezes everything else.
+
+        Args:
+            model (nn.Module): the built model, not yet sharded.
+
+        Returns:
+            nn.Module: ``model``.
+
+        Raises:
+            ValueError: when no ``nn.Linear`` layer matches ``target_modules`` (the message lists them).
+        """
+        apply_lora(
+            model,
+            self.target_modules,
+            rank=self.rank,
+            alpha=self.alpha,
+            dropout=self.dropout,
+            use_dora=self.use_dora,
+            quantize_base=self.quantize_base,
+        )
+        adapted = sum(isinstance(m, (LoRALinear, DoRALinear)) for m in model.modules())
+        log.info("LoRA: %d layers adapted (rank %d, alpha %g)", adapted, self.rank, self.alpha)
+        return model
+
+    def post_optimizer_hook(self, model: nn.Module) -> None:
+        """Nothing to do after a step."""
 
 
 class FakeQuantizedLoRALinear(LoRALinear):

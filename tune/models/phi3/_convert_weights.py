@@ -113,3 +113,176 @@ def phi3_from_hf_config(hf_config: Mapping[str, Any], **lora_kwargs: Any) -> Tra
         sliding_windows=hf_sliding_windows(hf_config, "all"),
         lora=lora_spec(**lora_kwargs) if lora_kwargs else None,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LoRA adapters <-> PEFT on the fused projections
+# ---------------------------------------------------------------------------------------------------------------
+
+# fused HF module (after "model.layers.N.") -> tune's projections, in the fused row order
+_FUSED = {
+    "self_attn.qkv_proj": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.w1", "mlp.w3"),
+}
+_TUNE_ADAPTER = re.compile(r"layers\.(\d+)\.(attn\.[qkv]_proj|mlp\.w[13])\.(lora_a\.weight|lora_b\.weight|magnitude)")
+_PEFT_ADAPTER = re.compile(
+    r"model\.layers\.(\d+)\.(self_attn\.qkv_proj|mlp\.gate_up_proj)\."
+    r"(lora_A\.weight|lora_B\.weight|lora_magnitude_vector(?:\.weight)?)"
+)
+_UNSPLITTABLE = (
+    "tune's Phi-3 keeps q/k/v and gate/up apart, so it can only take a fused LoRA that is per-projection LoRAs side "
+    "by side (rank a multiple of {n}, lora_B block-diagonal), as tune writes them. Merge this adapter into the "
+    "model with PEFT (merge_and_unload), save it, and train or load that model instead."
+)
+
+
+def _fused_out_dims(fused: str, hf_config: Mapping[str, Any]) -> list[int]:
+    if fused == "self_attn.qkv_proj":
+        q_dim, kv_dim = _head_sizes(hf_config)
+        return [q_dim, kv_dim, kv_dim]
+    return [hf_config["intermediate_size"]] * 2
+
+
+def phi3_adapter_to_peft(
+    adapter: Mapping[str, torch.Tensor], hf_config: Mapping[str, Any], lora_alpha: float
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, int], dict[str, float]]:
+    """Fuses tune's per-projection LoRAs on q/k/v (and gate/up) into one LoRA on ``qkv_proj`` (``gate_up_proj``).
+
+    LoRAs of rank ``r`` on each projection are exactly one LoRA of rank ``n * r`` on the fused projection: ``A``
+    stacks the projections' ``A`` along the rank dimension, ``B`` places their ``B`` on the block diagonal, and a
+    projection without LoRA gets zero blocks. The fused module's alpha is ``n * lora_alpha``, which keeps each
+    block's scaling at ``lora_alpha / r``. DoRA magnitudes are per output row, so they are concatenated.
+
+    Args:
+        adapter (Mapping[str, torch.Tensor]): tune adapter weights (``layers.0.attn.q_proj.lora_a.weight``, ...).
+        hf_config (Mapping[str, Any]): the ``config.json`` dict.
+        lora_alpha (float): the adapters' alpha.
+
+    Returns:
+        tuple: the adapter weights of other modules (tune keys), the fused PEFT weights
+        (``model.layers.0.self_attn.qkv_proj.lora_A.weight``, ...), and each fused module's rank and alpha.
+
+    Raises:
+        ValueError: when the projections of one fused module have different ranks, or DoRA covers only some.
+    """
+    groups: dict[tuple[str, str], dict[str, dict[str, torch.Tensor]]] = {}
+    rest = {}
+    for key, value in adapter.items():
+        match = _TUNE_ADAPTER.fullmatch(key)
+        if match is None:
+            rest[key] = value
+            continue
+        layer, projection, suffix = match.groups()
+        fused = next(name for name, parts in _FUSED.items() if projection in parts)
+        groups.setdefault((layer, fused), {}).setdefault(projection, {})[suffix] = value
+    peft_state, ranks, alphas = {}, {}, {}
+    for (layer, fused), found in groups.items():
+        module = f"model.layers.{layer}.{fused}"
+        weights = _fuse(module, [found.get(p, {}) for p in _FUSED[fused]], _fused_out_dims(fused, hf_config))
+        peft_state.update({f"{module}.{suffix}": value for suffix, value in weights.items()})
+        ranks[module] = weights["lora_A.weight"].shape[0]
+        alphas[module] = lora_alpha * len(_FUSED[fused])
+    return rest, peft_state, ranks, alphas
+
+
+def _fuse(module: str, parts: list[dict[str, torch.Tensor]], out_dims: list[int]) -> dict[str, torch.Tensor]:
+    present = [p for p in parts if "lora_a.weight" in p and "lora_b.weight" in p]
+    ranks = {p["lora_a.weight"].shape[0] for p in present}
+    if len(ranks) != 1 or len(present) != sum(bool(p) for p in parts):
+        raise ValueError(
+            f"Cannot fuse the LoRAs of {module}: its projections need lora_a and lora_b of one rank each, got ranks "
+            f"{[tuple(p['lora_a.weight'].shape)[0] if 'lora_a.weight' in p else None for p in parts]}."
+        )
+    if any("magnitude" in p for p in parts) and not all("magnitude" in p for p in parts):
+        raise ValueError(
+            f"Cannot save the DoRA adapter of {module} for PEFT: DoRA must be on all of its projections "
+            f"({', '.join(_FUSED[module.split('.', 3)[-1]])}) or none, since PEFT normalises the fused weight."
+        )
+    rank = ranks.pop()
+    sample = present[0]["lora_a.weight"]
+    in_dim = sample.shape[1]
+    lora_a = torch.zeros(rank * len(parts), in_dim, dtype=sample.dtype, device=sample.device)
+    lora_b = torch.zeros(sum(out_dims), rank * len(parts), dtype=sample.dtype, device=sample.device)
+    row = 0
+    for i, (part, out_dim) in enumerate(zip(parts, out_dims, strict=True)):
+        if part:
+            lora_a[i * rank : (i + 1) * rank] = part["lora_a.weight"]
+            lora_b[row : row + out_dim, i * rank : (i + 1) * rank] = part["lora_b.weight"]
+        row += out_dim
+    fused = {"lora_A.weight": lora_a, "lora_B.weight": lora_b}
+    if "magnitude" in parts[0]:
+        fused["lora_magnitude_vector"] = torch.cat([p["magnitude"] for p in parts])
+    return fused
+
+
+def phi3_peft_to_adapter(
+    peft_state: Mapping[str, torch.Tensor],
+    hf_config: Mapping[str, Any],
+    lora_alpha: float,
+    scalings: Mapping[str, float],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Splits LoRAs on ``qkv_proj``/``gate_up_proj`` back into tune's per-projection LoRAs (the inverse of
+    :func:`phi3_adapter_to_peft`), where that is exact.
+
+    The fused rank ``R`` is split into ``n`` equal blocks, one per projection; ``lora_B`` must be zero outside the
+    block diagonal. A projection whose blocks of ``A`` and ``B`` are both zero had no LoRA and is left out. Each
+    ``B`` block is rescaled from the fused module's scaling to tune's ``lora_alpha / (R / n)``.
+
+    Args:
+        peft_state (Mapping[str, torch.Tensor]): PEFT weights without the ``base_model.model.`` prefix.
+        hf_config (Mapping[str, Any]): the ``config.json`` dict.
+        lora_alpha (float): the alpha of tune's LoRA layers (PEFT's ``lora_alpha``).
+        scalings (Mapping[str, float]): PEFT's ``alpha / r`` by module; a module not listed keeps its weights.
+
+    Returns:
+        tuple: the PEFT weights of other modules, and tune adapter weights for the fused ones.
+
+    Raises:
+        ValueError: when a fused LoRA is not per-projection LoRAs side by side (the message says what to do).
+    """
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    rest = {}
+    for key, value in peft_state.items():
+        match = _PEFT_ADAPTER.fullmatch(key)
+        if match is None:
+            rest[key] = value
+            continue
+        layer, fused, suffix = match.groups()
+        groups.setdefault(f"model.layers.{layer}.{fused}", {})[suffix.removesuffix(".weight") + ".weight"] = value
+    adapter = {}
+    for module, weights in groups.items():
+        _, _, layer, fused = module.split(".", 3)
+        projections = _FUSED[fused]
+        if "lora_A.weight" not in weights or "lora_B.weight" not in weights:
+            raise ValueError(f"PEFT adapter of {module} lacks lora_A or lora_B; found {sorted(weights)}.")
+        lora_a, lora_b = weights["lora_A.weight"], weights["lora_B.weight"]
+        out_dims = _fused_out_dims(fused, hf_config)
+        num_parts = len(projections)
+        if lora_a.shape[0] % num_parts or lora_b.shape[0] != sum(out_dims):
+            raise ValueError(
+                f"The LoRA on {module} has rank {lora_a.shape[0]} and {lora_b.shape[0]} output rows. "
+                + _UNSPLITTABLE.format(n=num_parts)
+            )
+        rank = lora_a.shape[0] // num_parts
+        factor = scalings.get(module, lora_alpha / rank) / (lora_alpha / rank)
+        magnitude = weights.get("lora_magnitude_vector.weight")
+        row = 0
+        for i, (projection, out_dim) in enumerate(zip(projections, out_dims, strict=True)):
+            rows, cols = slice(row, row + out_dim), slice(i * rank, (i + 1) * rank)
+            row += out_dim
+            block_b = lora_b[rows]
+            outside = torch.cat([block_b[:, : cols.start], block_b[:, cols.stop :]], dim=1)
+            if outside.count_nonzero():
+                raise ValueError(
+                    f"The LoRA on {module} mixes projections (lora_B is not block-diagonal). "
+                    + _UNSPLITTABLE.format(n=num_parts)
+                )
+            part_a, part_b = lora_a[cols], block_b[:, cols]
+            if magnitude is None and not part_a.count_nonzero() and not part_b.count_nonzero():
+                continue  # written for a projection without LoRA
+            prefix = f"layers.{layer}.{projection}"
+            adapter[f"{prefix}.lora_a.weight"] = part_a.contiguous()
+            adapter[f"{prefix}.lora_b.weight"] = (part_b * factor).contiguous() if factor != 1 else part_b.contiguous()
+            if magnitude is not None:
+                adapter[f"{prefix}.magnitude"] = magnitude[rows].contiguous()
+    return rest, adapter

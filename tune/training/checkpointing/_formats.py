@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tune.modules.peft import dequantize
+from tune.registry import AdapterConverter
 
 # (Meta key, HF key): the Llama reference layout vs transformers' LlamaForCausalLM; "{}" is the layer index.
 _META_HF_KEYS = [
@@ -195,7 +196,8 @@ def _map_module(prefix: str, shape: tuple[int, int], converter: StateDictConvert
     if len(converted) != 1 or not next(iter(converted)).endswith(".weight"):
         raise ValueError(
             f"Cannot map the adapter of module {prefix!r}: the family's converter maps its weight to "
-            f"{sorted(converted)} rather than to one '<module>.weight' key (fused projections are not supported)."
+            f"{sorted(converted)} rather than to one '<module>.weight' key. A family whose HF model fuses projections "
+            "needs an adapter_converter in its ModelFamily (see tune.registry.AdapterConverter)."
         )
     return next(iter(converted))[: -len(".weight")]
 
@@ -207,50 +209,111 @@ def _base_shape(parts: Mapping[str, torch.Tensor], prefix: str, a: str, b: str) 
 
 
 def adapter_to_peft(
-    adapter: Mapping[str, torch.Tensor], converter: StateDictConverter, hf_config: Mapping[str, Any]
-) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    adapter: Mapping[str, torch.Tensor],
+    converter: StateDictConverter,
+    hf_config: Mapping[str, Any],
+    *,
+    lora_alpha: float | None = None,
+    adapter_converter: AdapterConverter | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, int], dict[str, float]]:
     """Converts tune adapter weights to PEFT's keys (``base_model.model.<HF module>.lora_A.weight``, ...).
 
     Args:
         adapter (Mapping[str, torch.Tensor]): tune keys ending in ``lora_a.weight``, ``lora_b.weight``, ``magnitude``.
         converter (StateDictConverter): the family's ``tune_to_hf``.
         hf_config (Mapping[str, Any]): the HF ``config.json`` as a dict.
+        lora_alpha (float | None): the adapters' alpha; needed with ``adapter_converter``.
+        adapter_converter (AdapterConverter | None): the family's converter for modules HF fuses (Phi-3's
+            ``qkv_proj``); the other modules are mapped one by one through ``converter``.
 
     Returns:
-        tuple[dict, dict]: the PEFT state dict, and the rank of each adapted module by HF module name.
+        tuple[dict, dict, dict]: the PEFT state dict, the rank of each adapted module by HF module name, and the
+        alpha of each module whose alpha is not ``lora_alpha`` (PEFT's ``alpha_pattern``).
+
+    Raises:
+        ValueError: when a module cannot be mapped to one HF module.
     """
-    peft_state, ranks = {}, {}
+    peft_state, ranks, alphas = {}, {}, {}
+    if adapter_converter is not None:
+        if lora_alpha is None:
+            raise ValueError("adapter_to_peft needs lora_alpha to fuse adapters with the family's adapter_converter.")
+        adapter, fused, ranks, alphas = adapter_converter.to_peft(adapter, hf_config, lora_alpha)
+        peft_state = {PEFT_PREFIX + key: value for key, value in fused.items()}
     for prefix, parts in _group_by_module(adapter, _TUNE_TO_PEFT_SUFFIX).items():
         shape = _base_shape(parts, prefix, "lora_a.weight", "lora_b.weight")
         hf_module = _map_module(prefix, shape, converter, hf_config)
         ranks[hf_module] = parts["lora_a.weight"].shape[0]
         for suffix, value in parts.items():
             peft_state[f"{PEFT_PREFIX}{hf_module}.{_TUNE_TO_PEFT_SUFFIX[suffix]}"] = value
-    return peft_state, ranks
+    return peft_state, ranks, alphas
+
+
+def _peft_pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> Any:
+    # PEFT's rank_pattern / alpha_pattern: a key applies when it matches a dotted tail of the module name (regex).
+    for pattern, value in patterns.items():
+        if re.match(rf"(.*\.)?({pattern})$", module):
+            return value
+    return default
+
+
+def peft_scaling(module: str, peft_config: Mapping[str, Any]) -> float:
+    """The scaling ``alpha / r`` PEFT gives ``module`` under ``peft_config`` (with its rank and alpha patterns).
+
+    Args:
+        module (str): an HF module name (``model.layers.0.self_attn.q_proj``).
+        peft_config (Mapping[str, Any]): ``adapter_config.json`` as a dict.
+
+    Returns:
+        float: the scaling.
+    """
+    rank = _peft_pattern_value(peft_config.get("rank_pattern") or {}, module, peft_config["r"])
+    alpha = _peft_pattern_value(peft_config.get("alpha_pattern") or {}, module, peft_config["lora_alpha"])
+    return float(alpha) / float(rank)
 
 
 def peft_to_adapter(
-    peft_state: Mapping[str, torch.Tensor], converter: StateDictConverter, hf_config: Mapping[str, Any]
+    peft_state: Mapping[str, torch.Tensor],
+    converter: StateDictConverter,
+    hf_config: Mapping[str, Any],
+    *,
+    peft_config: Mapping[str, Any] | None = None,
+    adapter_converter: AdapterConverter | None = None,
 ) -> dict[str, torch.Tensor]:
     """Converts a PEFT adapter state dict back to tune's adapter keys.
+
+    With ``peft_config``, each ``lora_B`` is rescaled so that tune's scaling (``lora_alpha / r`` of the module)
+    gives PEFT's (which ``rank_pattern``/``alpha_pattern`` may change); the adapters tune writes need no rescaling.
 
     Args:
         peft_state (Mapping[str, torch.Tensor]): keys as in ``adapter_model.safetensors``.
         converter (StateDictConverter): the family's ``hf_to_tune``.
         hf_config (Mapping[str, Any]): the HF ``config.json`` as a dict.
+        peft_config (Mapping[str, Any] | None): ``adapter_config.json`` as a dict, when there is one.
+        adapter_converter (AdapterConverter | None): the family's converter for modules HF fuses.
 
     Returns:
         dict[str, torch.Tensor]: tune adapter keys (``layers.0.attn.q_proj.lora_a.weight``, ...).
 
     Raises:
-        ValueError: for keys that are not LoRA/DoRA parameters (e.g. ``modules_to_save`` or LoRA biases).
+        ValueError: for keys that are not LoRA/DoRA parameters (e.g. ``modules_to_save`` or LoRA biases), or a fused
+            module the family cannot split exactly.
     """
     stripped = {key.removeprefix(PEFT_PREFIX): value for key, value in peft_state.items()}
+    modules = {key.split(".lora_", 1)[0] for key in stripped}
+    scaled = peft_config is not None and "r" in peft_config and "lora_alpha" in peft_config
+    scalings = {m: peft_scaling(m, peft_config) for m in modules} if scaled else {}
+    lora_alpha = float(peft_config["lora_alpha"]) if scaled else 1.0
     adapter = {}
+    if adapter_converter is not None:
+        stripped, adapter = adapter_converter.from_peft(stripped, hf_config, lora_alpha, scalings)
     for hf_module, parts in _group_by_module(stripped, _PEFT_TO_TUNE_SUFFIX).items():
         shape = _base_shape(parts, hf_module, "lora_A.weight", "lora_B.weight")
         prefix = _map_module(hf_module, shape, converter, hf_config)
+        rank = parts["lora_A.weight"].shape[0]
+        factor = scalings.get(hf_module, lora_alpha / rank) / (lora_alpha / rank)
         for suffix, value in parts.items():
+            if suffix == "lora_B.weight" and factor != 1:
+                value = value * factor
             adapter[f"{prefix}.{_PEFT_TO_TUNE_SUFFIX[suffix]}"] = value
     return adapter
 
