@@ -39,9 +39,63 @@ def read_yaml(path: str | Path) -> DictConfig:
         raise ConfigError(yaml_problem(err), source=str(path)) from None
     except OmegaConfBaseException as err:
         raise ConfigError(str(err).splitlines()[0], source=str(path)) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"not UTF-8 text (byte {err.start}); is this a YAML config file?", str(path)) from None
+    except OSError as err:  # no permission to read it, say
+        raise ConfigError(f"cannot read the config file: {err.strerror or err}", str(path)) from None
     if not isinstance(cfg, DictConfig):
         raise ConfigError("a config must be a mapping of keys to values at the top level, got a list", str(path))
+    _torchtune_qat(cfg, str(path))
     return cfg
+
+
+# torchtune's QAT quantizers (`torchtune.` already replaced by `tune.`) -> the tune converter with their numerics
+_TORCHTUNE_QAT_QUANTIZERS = {
+    "tune.training.quantization.Int8DynActInt4WeightQATQuantizer": "tune.training.Int8DynActInt4WeightQATConverter",
+}
+
+
+def _torchtune_qat(cfg: DictConfig, source: str) -> None:
+    """Reads a torchtune QAT ``quantizer:`` entry as tune's QAT model converter, in place.
+
+    In a training config (one with an ``optimizer``: torchtune's qat_distributed, qat_single_device and
+    qat_lora_finetune_distributed configs) the entry becomes ``model_converters: [<converter>]``; elsewhere (the
+    quantize recipe's ``quantizer:``) only its component is renamed. ``fake_quant_after_n_steps: null`` is dropped;
+    a number is an error, since the converter fake-quantises from the first step.
+    """
+    quantizer = cfg._get_node("quantizer")
+    if not isinstance(quantizer, DictConfig) or quantizer.get(COMPONENT_KEY) not in _TORCHTUNE_QAT_QUANTIZERS:
+        return
+    converter = quantizer.copy()
+    converter[COMPONENT_KEY] = _TORCHTUNE_QAT_QUANTIZERS[quantizer[COMPONENT_KEY]]
+    if "optimizer" not in cfg:
+        cfg.quantizer = converter
+        return
+    if cfg.get("model_converters") is not None:
+        raise ConfigError(
+            ConfigProblem(
+                "quantizer",
+                "torchtune's `quantizer:` is read as a QAT entry of `model_converters`, which "
+                "this config sets already: move the QAT converter into `model_converters` and remove "
+                "`quantizer`",
+            ),
+            source,
+        )
+    delay = cfg._get_node("fake_quant_after_n_steps")
+    if delay is not None and delay._value() is not None:
+        raise ConfigError(
+            ConfigProblem(
+                "fake_quant_after_n_steps",
+                "tune's QAT converter fake-quantises from the first step and "
+                "cannot start later; remove the key (or set it to null)",
+                delay._value(),
+            ),
+            source,
+        )
+    if delay is not None:
+        del cfg["fake_quant_after_n_steps"]
+    del cfg["quantizer"]
+    cfg.model_converters = [converter]
 
 
 def yaml_problem(err: yaml.YAMLError) -> ConfigProblem:

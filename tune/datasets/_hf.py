@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tune.data import CROSS_ENTROPY_IGNORE_IDX, FlatSequences, ModelTokenizer
-from tune.utils import get_logger, get_world_size
+from tune.utils import TuneError, get_logger, get_world_size
 
 _log = get_logger(__name__)
 
@@ -30,6 +30,11 @@ _FILE_BUILDERS = {
 }  # fmt: skip
 
 
+class DatasetError(TuneError, ValueError):
+    """A dataset that cannot be used: a source or file that does not load, a missing column, a row that does not
+    fit the dataset. The message names the source or file and, where known, the line or row."""
+
+
 def load_source(source: str, *, split: str, **load_dataset_kwargs: Any):
     """Loads one split of a dataset with ``datasets.load_dataset`` (or ``load_from_disk`` for a saved dataset).
 
@@ -37,7 +42,8 @@ def load_source(source: str, *, split: str, **load_dataset_kwargs: Any):
     with ``data_files=...``, a local directory, or the path of one data file.
 
     Raises:
-        ValueError: when the source cannot be loaded, ``streaming`` is requested, or the split is missing.
+        DatasetError: when the source cannot be loaded (a local file that does not parse is named, with the line
+            where the parser tells it), ``streaming`` is requested, or the split is missing.
     """
     import datasets
 
@@ -54,15 +60,80 @@ def load_source(source: str, *, split: str, **load_dataset_kwargs: Any):
         else:
             loaded = datasets.load_dataset(source, split=split, **load_dataset_kwargs)
     except (FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as err:
-        raise ValueError(
+        raise DatasetError(
             f"Could not load dataset source {source!r} (split={split!r}, {load_dataset_kwargs}): {err}. Use a hub "
             f"name, a local directory or file, or a builder such as 'json' with data_files='path/to/file.json'."
         ) from err
     except KeyError as err:
-        raise ValueError(f"Dataset source {source!r} has no split {split!r}: {err}") from err
+        raise DatasetError(f"Dataset source {source!r} has no split {split!r}: {err}") from err
+    except Exception as err:
+        files = _local_files(load_dataset_kwargs.get("data_files"))
+        if not files:
+            raise  # a hub or script source: its own error says more than we could
+        raise _unreadable_files_error(source, files, err) from err
     if not isinstance(loaded, datasets.Dataset):
-        raise ValueError(f"Dataset source {source!r} gave a {type(loaded).__name__}; pass split='train' (or another).")
+        raise DatasetError(
+            f"Dataset source {source!r} gave a {type(loaded).__name__}; pass split='train' (or another)."
+        )
     return loaded
+
+
+def _local_files(data_files: Any) -> list[str]:
+    # data_files is a path, a list of paths or {split: path(s)}; only files that exist locally are named
+    if isinstance(data_files, (str, os.PathLike)):
+        data_files = [data_files]
+    elif isinstance(data_files, dict):
+        data_files = [f for v in data_files.values() for f in ([v] if isinstance(v, (str, os.PathLike)) else v)]
+    elif not isinstance(data_files, (list, tuple)):
+        return []
+    return [str(f) for f in data_files if os.path.isfile(f)]
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    # datasets wraps a parser's error in DatasetGenerationError("An error occurred ..."): the innermost one says what
+    while (err.__cause__ or err.__context__) is not None:
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def _json_problem(path: str) -> str | None:
+    """Where a JSON or JSON Lines file stops parsing (``line N: ...``), or None when it parses."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 text (byte {err.start})"
+    try:
+        json.loads(text)
+        return None
+    except json.JSONDecodeError as whole:
+        if text.lstrip().startswith("["):
+            return f"line {whole.lineno}, column {whole.colno}: {whole.msg}"
+    for number, line in enumerate(text.splitlines(), start=1):  # JSON Lines: one object per line
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as err:
+                return f"line {number}, column {err.colno}: {err.msg}"
+    return None
+
+
+def _unreadable_files_error(source: str, files: list[str], err: BaseException) -> DatasetError:
+    cause = _root_cause(err)
+    said = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+    for file in files:
+        if os.path.splitext(file)[1].lower() in (".json", ".jsonl"):
+            where = _json_problem(file)
+            if where is not None:
+                return DatasetError(f"Dataset file {file} is not valid JSON or JSON Lines: {where}. Fix the file.")
+    named = files[0] if len(files) == 1 else f"one of {files[:5]}" + (" ..." if len(files) > 5 else "")
+    kind = {"json": "JSON", "csv": "CSV", "parquet": "Parquet", "text": "text", "arrow": "Arrow"}.get(source, source)
+    return DatasetError(
+        f"Could not read dataset file {named} as {kind}: {type(cause).__name__}: {said}. Check that the file is "
+        "complete and in the format its builder (`source`) expects."
+    )
 
 
 def describe_source(source: str, load_dataset_kwargs: dict) -> str:
@@ -72,13 +143,27 @@ def describe_source(source: str, load_dataset_kwargs: dict) -> str:
 
 
 def check_columns(ds, required: Sequence[str], source: str, hint: str = "column_map") -> None:
-    """Raises a ValueError naming the expected and the available columns when any required one is missing."""
+    """Raises a DatasetError naming the expected and the available columns when any required one is missing."""
     missing = [c for c in required if c not in ds.column_names]
     if missing:
-        raise ValueError(
+        raise DatasetError(
             f"Dataset {source!r} has no column(s) {missing}. Expected columns: {list(required)}; available: "
             f"{ds.column_names}. Rename them in the data or map them with {hint}."
         )
+
+
+def row_error(source: str, index: int, row: dict[str, Any], err: BaseException, required: Sequence[str] = ()):
+    """The error for row ``index`` that a transform or tokenizer refused, naming the row and, when the row lacks a
+    column the transform needs (JSON rows without the key, or null), that column."""
+    said = str(err).strip() or type(err).__name__
+    absent = [c for c in required if row.get(c) is None and repr(c) in said]
+    if absent:
+        which = ", ".join(repr(c) for c in absent)
+        return DatasetError(
+            f"Dataset {source!r}, row {index}: {said.rstrip('.')}: column {which} is missing (or null) in this row. "
+            f"Every row needs {list(required)}: fill it in, or drop the row with filter_fn."
+        )
+    return DatasetError(f"Dataset {source!r}, row {index}: {said}")
 
 
 def resolve_num_proc(num_proc: int | None, num_rows: int) -> int:
@@ -97,7 +182,7 @@ def resolve_num_proc(num_proc: int | None, num_rows: int) -> int:
 def filter_rows(ds, filter_fn: Callable | None, source: str, num_proc: int):
     """Applies ``filter_fn`` to the raw rows; an empty result is an error rather than a zero-step run."""
     if len(ds) == 0:
-        raise ValueError(f"Dataset {source!r} is empty: check source, data_files and split.")
+        raise DatasetError(f"Dataset {source!r} is empty: check source, data_files and split.")
     if filter_fn is None:
         return ds
     kept = ds.filter(filter_fn, num_proc=num_proc if num_proc > 1 else None, desc="Filtering")

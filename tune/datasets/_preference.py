@@ -23,7 +23,8 @@ class _TokenizePairs(_TokenizeConversations):
                 pair = self.message_transform(row)
                 chosen, rejected = self.encode(pair["chosen"]), self.encode(pair["rejected"])
             except (ValueError, TypeError, KeyError) as err:
-                raise ValueError(f"Dataset {self.source!r}, row {index}: {err}") from err
+                required = getattr(self.message_transform, "required_columns", ())
+                raise _hf.row_error(self.source, index, row, err, required) from err
             encoded["chosen"].append(chosen)
             encoded["rejected"].append(rejected)
             cuts.append(chosen[2] or rejected[2])

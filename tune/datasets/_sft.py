@@ -30,12 +30,13 @@ class _TokenizeConversations:
 
     def _row_error(self, rows: list[dict], indices: list[int]) -> ValueError:
         """Re-runs the rows one at a time to name the first bad one."""
+        required = getattr(self.message_transform, "required_columns", ())
         for row, index in zip(rows, indices):
             try:
                 self.encode(self.message_transform(row)["messages"])
             except (ValueError, TypeError, KeyError) as err:
-                return ValueError(f"Dataset {self.source!r}, row {index}: {err}")
-        return ValueError(f"Dataset {self.source!r}: tokenising rows {indices[0]}..{indices[-1]} failed.")
+                return _hf.row_error(self.source, index, row, err, required)
+        return _hf.DatasetError(f"Dataset {self.source!r}: tokenising rows {indices[0]}..{indices[-1]} failed.")
 
     def _encode_batch(self, rows: list[dict], indices: list[int]) -> list[tuple[list[int], list[bool]]]:
         """Tokens and masks of all rows; one batch call to the tokenizer when it has ``tokenize_messages_batch``."""

@@ -26,9 +26,9 @@ class _TokenizeText:
         tokens, cuts = [], []
         for text, index in zip(batch[self.column], indices):
             if not isinstance(text, str):
-                raise ValueError(
-                    f"Dataset {self.source!r}, row {index}: column {self.column!r} must hold a string, got "
-                    f"{type(text).__name__}."
+                got = "nothing (the column is missing or null in this row)" if text is None else type(text).__name__
+                raise _hf.DatasetError(
+                    f"Dataset {self.source!r}, row {index}: column {self.column!r} must hold a string, got {got}."
                 )
             if not text.strip():
                 continue  # blank lines of a text corpus carry nothing to learn; counted in the log

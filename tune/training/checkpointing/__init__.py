@@ -32,7 +32,13 @@ from tune.training.checkpointing._formats import (
     permute_meta_to_hf,
     split_adapter,
 )
-from tune.training.checkpointing._io import load_safetensors, load_weights_file, safe_torch_load
+from tune.training.checkpointing._io import (
+    CheckpointError,
+    CheckpointSaveError,
+    load_safetensors,
+    load_weights_file,
+    safe_torch_load,
+)
 from tune.training.checkpointing._layout import (
     checkpoint_dir_name,
     find_latest_checkpoint,
@@ -52,6 +58,8 @@ from tune.training.checkpointing._state import (
 )
 
 __all__ = [
+    "CheckpointError",
+    "CheckpointSaveError",
     "ADAPTER_CONFIG",
     "ADAPTER_KEY",
     "DATALOADER_KEY",

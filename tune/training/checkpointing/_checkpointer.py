@@ -31,10 +31,12 @@ from tune.training.checkpointing._formats import (
 from tune.training.checkpointing._io import (
     PICKLE_SUFFIXES,
     SAFETENSORS_SUFFIX,
+    CheckpointError,
     describe_dir,
     download_hint,
     load_weights_file,
     missing_files_error,
+    read_json,
     read_safetensors_shapes,
     save_json,
     save_safetensors,
@@ -186,23 +188,23 @@ class _Checkpointer:
         else:
             names = self._discover_files()
         if not names:
-            raise ValueError(missing_files_error(self._checkpoint_dir, ["(no weight files)"], "Model weights"))
+            raise CheckpointError(missing_files_error(self._checkpoint_dir, ["(no weight files)"], "Model weights"))
         paths = [_resolve_relative(name, self._checkpoint_dir) for name in names]
         missing = [str(name) for name, path in zip(names, paths) if not path.is_file()]
         if missing:
-            raise ValueError(missing_files_error(self._checkpoint_dir, missing))
+            raise CheckpointError(missing_files_error(self._checkpoint_dir, missing))
         return paths
 
     def _discover_files(self) -> list[str]:
         directory = self._checkpoint_dir
         if not directory.is_dir():
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint_dir {directory} does not exist. Fetch the model with `{download_hint(directory)}`."
             )
         for index_name in (keys.SAFETENSORS_INDEX_FILE, keys.BIN_INDEX_FILE):
             index = directory / index_name
             if index.is_file():
-                weight_map = json.loads(index.read_text()).get("weight_map", {})
+                weight_map = read_json(index, "The checkpoint index").get("weight_map", {})
                 return sorted(set(weight_map.values()))
         present = [name for name in self._default_files if (directory / name).is_file()]
         if present:
@@ -232,7 +234,7 @@ class _Checkpointer:
         for path in paths:
             for key, tensor in load_weights_file(path).items():
                 if key in state_dict:
-                    raise ValueError(f"Key {key!r} appears in more than one checkpoint file (again in {path}).")
+                    raise CheckpointError(f"Key {key!r} appears in more than one checkpoint file (again in {path}).")
                 state_dict[key] = tensor
         return state_dict
 
@@ -240,7 +242,7 @@ class _Checkpointer:
     def _find_resume_dir(self) -> Path:
         latest = find_latest_checkpoint(self._output_dir, format_name=self.format_name)
         if latest is None:
-            raise ValueError(
+            raise CheckpointError(
                 f"resume_from_checkpoint is true but {self._output_dir} holds no complete intermediate checkpoint "
                 f"(a step_N/ or epoch_N/ directory with {keys.RECIPE_STATE_FILE} and a {keys.COMPLETE_MARKER} "
                 f"marker). It holds: {describe_dir(self._output_dir)}. Set `resume_from_checkpoint: false` to start "
@@ -287,7 +289,7 @@ class _Checkpointer:
             recipe_path = self._resume_dir / keys.RECIPE_STATE_FILE
             if self._recipe_checkpoint is not None:
                 recipe_path = _resolve_relative(self._recipe_checkpoint, self._checkpoint_dir, self._output_dir)
-            state = load_recipe_state(recipe_path)
+            state = load_recipe_state(recipe_path, required=(keys.RNG_KEY,))  # save_checkpoint always writes it
             result.update(state)
             result[keys.RECIPE_STATE_KEY] = state
         return result
@@ -296,7 +298,7 @@ class _Checkpointer:
         layout = self._layout()
         for key, tensor in resumed.items():
             if key in layout and tuple(tensor.shape) != layout[key].shape:
-                raise ValueError(
+                raise CheckpointError(
                     f"Shape mismatch for {key!r}: {tuple(tensor.shape)} in the checkpoint {where} but "
                     f"{layout[key].shape} in the base model {self._checkpoint_dir / layout[key].file}. The output_dir "
                     "holds a different model; point output_dir at this model's run or set "
@@ -323,19 +325,26 @@ class _Checkpointer:
             path = path / keys.ADAPTER_SUBDIR  # a checkpoint directory written by save_checkpoint
         file = path / keys.ADAPTER_MODEL_FILE if path.is_dir() else path
         if not file.is_file():
-            raise ValueError(missing_files_error(file.parent, [file.name], "Adapter weights"))
+            raise CheckpointError(missing_files_error(file.parent, [file.name], "Adapter weights"))
         config_file = file.parent / keys.ADAPTER_CONFIG_FILE
+        config = None
         if config_file.is_file():
-            config = json.loads(config_file.read_text())
+            config = read_json(config_file, "The adapter config")
             if config.get("use_rslora"):
-                raise ValueError(
+                raise CheckpointError(
                     f"{config_file} sets use_rslora=true (scaling alpha/sqrt(r)); tune's LoRA scales by alpha/r, so "
                     "this adapter would compute different outputs. Merge it with PEFT and load the merged model."
                 )
         state = load_weights_file(file)
         if any(key.startswith(PEFT_PREFIX) for key in state):
             hf_to_tune = self._converter("hf_to_tune")
-            return peft_to_adapter(state, hf_to_tune, self._hf_config())
+            return peft_to_adapter(
+                state,
+                hf_to_tune,
+                self._hf_config(),
+                peft_config=config,
+                adapter_converter=self._family.adapter_converter,
+            )
         return state
 
     def _converter(self, name: str) -> StateDictConverter:
@@ -473,8 +482,15 @@ class _Checkpointer:
     def _write_adapter(
         self, adapter: dict[str, torch.Tensor], adapter_config: Mapping[str, Any], directory: Path
     ) -> None:
+        alphas: dict[str, float] = {}
         if self._family is not None and self._family.tune_to_hf is not None:
-            weights, ranks = adapter_to_peft(adapter, self._family.tune_to_hf, self._hf_config())
+            weights, ranks, alphas = adapter_to_peft(
+                adapter,
+                self._family.tune_to_hf,
+                self._hf_config(),
+                lora_alpha=float(adapter_config["lora_alpha"]),
+                adapter_converter=self._family.adapter_converter,  # Phi-3's fused projections, say
+            )
         else:  # no HF mapping known (native format without a family): keep tune's keys
             weights = dict(adapter)
             suffix = ".lora_a.weight"
@@ -482,10 +498,16 @@ class _Checkpointer:
         rank = int(adapter_config.get("r") or max(ranks.values()))
         use_dora = any(k.endswith("magnitude") for k in adapter)
         save_safetensors(weights, directory / keys.ADAPTER_MODEL_FILE)
-        save_json(self._peft_config(adapter_config, rank, ranks, use_dora), directory / keys.ADAPTER_CONFIG_FILE)
+        peft_config = self._peft_config(adapter_config, rank, ranks, alphas, use_dora)
+        save_json(peft_config, directory / keys.ADAPTER_CONFIG_FILE)
 
     def _peft_config(
-        self, adapter_config: Mapping[str, Any], rank: int, ranks: Mapping[str, int], use_dora: bool
+        self,
+        adapter_config: Mapping[str, Any],
+        rank: int,
+        ranks: Mapping[str, int],
+        alphas: Mapping[str, float],
+        use_dora: bool,
     ) -> dict[str, Any]:
         return {
             "base_model_name_or_path": self._base_model_name(),
@@ -496,6 +518,7 @@ class _Checkpointer:
             "lora_dropout": float(adapter_config.get("lora_dropout", 0.0)),
             "target_modules": sorted({module.rsplit(".", 1)[-1] for module in ranks}),
             "rank_pattern": {module: r for module, r in ranks.items() if r != rank},
+            "alpha_pattern": dict(alphas),  # fused modules (Phi-3's qkv_proj): n * alpha for rank n * r
             "use_dora": use_dora,
             "use_rslora": False,
             "bias": "none",
@@ -566,8 +589,8 @@ class FullModelHFCheckpointer(_Checkpointer):
     def _setup_format(self) -> None:
         config_path = self._checkpoint_dir / "config.json"
         if not config_path.is_file():
-            raise ValueError(missing_files_error(self._checkpoint_dir, ["config.json"], "The Hugging Face config"))
-        self._config = json.loads(config_path.read_text())
+            raise CheckpointError(missing_files_error(self._checkpoint_dir, ["config.json"], "The Hugging Face config"))
+        self._config = read_json(config_path, "The Hugging Face config")
 
     def _to_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self._converter("hf_to_tune")(state_dict, self._config)
@@ -614,8 +637,10 @@ class FullModelMetaCheckpointer(_Checkpointer):
             )
         params_path = self._checkpoint_dir / "params.json"
         if not params_path.is_file():
-            raise ValueError(missing_files_error(self._checkpoint_dir, ["params.json"], "Meta's model description"))
-        params = json.loads(params_path.read_text())
+            raise CheckpointError(
+                missing_files_error(self._checkpoint_dir, ["params.json"], "Meta's model description")
+            )
+        params = read_json(params_path, "Meta's model description")
         self._num_heads = int(params["n_heads"])
         self._num_kv_heads = int(params.get("n_kv_heads") or params["n_heads"])
         dim = int(params["dim"])
@@ -666,7 +691,7 @@ class FullModelTorchTuneCheckpointer(_Checkpointer):
 
     def _setup_format(self) -> None:
         config_path = self._checkpoint_dir / "config.json"
-        self._config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        self._config = read_json(config_path, "The model config") if config_path.is_file() else {}
         if not self._config:
             self._family = None  # without config.json no HF names can be derived: adapters keep tune's keys
 

@@ -13,6 +13,18 @@ from typing import Any
 import torch
 
 from tune.training.checkpointing._constants import DOWNLOAD_RECORD_FILE
+from tune.utils import TuneError
+
+
+class CheckpointError(TuneError, ValueError):
+    """A checkpoint file (weights, index, config, recipe state) that is missing, corrupt, unsafe or does not fit
+    the run; the message names the file. The CLI prints it as one ``error:`` line."""
+
+
+class CheckpointSaveError(TuneError, OSError):
+    """Writing a checkpoint failed (a full disk, a file-size limit, no permission); the message names the output
+    directory and the previous complete checkpoint, which the failed save left as it was."""
+
 
 # Extensions of the weight files the checkpointers read.
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -32,7 +44,7 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         dict[str, torch.Tensor]: tensors by key, in the file's order.
 
     Raises:
-        ValueError: if the file is not valid safetensors (corrupt or truncated), naming it.
+        CheckpointError: if the file is not valid safetensors (corrupt or truncated), naming it.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -40,7 +52,7 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             return {key: handle.get_tensor(key) for key in handle.keys()}
     except (SafetensorError, OSError, RuntimeError) as error:
-        raise ValueError(
+        raise CheckpointError(
             f"Could not read the safetensors file {path}: {error}. The file is corrupt or truncated (an interrupted "
             "download or copy); delete it and download or copy it again."
         ) from error
@@ -56,7 +68,7 @@ def read_safetensors_shapes(path: str | Path) -> dict[str, tuple[torch.dtype, tu
         dict[str, tuple[torch.dtype, tuple[int, ...]]]: ``(dtype, shape)`` by key.
 
     Raises:
-        ValueError: if the header cannot be read, naming the file.
+        CheckpointError: if the header cannot be read, naming the file.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -67,7 +79,9 @@ def read_safetensors_shapes(path: str | Path) -> dict[str, tuple[torch.dtype, tu
                 tensor_slice = handle.get_slice(key)
                 shapes[key] = (_SAFETENSORS_DTYPES[tensor_slice.get_dtype()], tuple(tensor_slice.get_shape()))
     except (SafetensorError, OSError) as error:
-        raise ValueError(f"Could not read the safetensors header of {path}: {error}. The file is corrupt.") from error
+        raise CheckpointError(
+            f"Could not read the safetensors header of {path}: {error}. The file is corrupt."
+        ) from error
     return shapes
 
 
@@ -98,7 +112,7 @@ def safe_torch_load(path: str | Path, *, mmap: bool = True) -> Any:
         Any: the loaded object (dicts, lists, tuples, numbers, strings, tensors).
 
     Raises:
-        ValueError: if the file holds anything else (a pickle carrying code, a custom class), or is corrupt or
+        CheckpointError: if the file holds anything else (a pickle carrying code, a custom class), or is corrupt or
             truncated; the message names the file.
     """
     try:
@@ -110,13 +124,13 @@ def safe_torch_load(path: str | Path, *, mmap: bool = True) -> Any:
             # Files from torch < 1.6 (legacy format) cannot be memory-mapped: read them whole.
             return torch.load(str(path), map_location="cpu", weights_only=True, mmap=False)
     except pickle.UnpicklingError as error:
-        raise ValueError(
+        raise CheckpointError(
             f"Refused to load {path}: it holds objects other than tensors and plain containers, and tune never "
             "unpickles arbitrary objects (a pickle can run code). Convert the file to safetensors with a trusted "
             f"tool, or re-save only its tensors. Details: {str(error).splitlines()[0]}"
         ) from error
     except (RuntimeError, EOFError, OSError) as error:
-        raise ValueError(
+        raise CheckpointError(
             f"Could not read {path}: {error}. The file is corrupt or truncated (an interrupted download or save); "
             "delete it and download or save it again."
         ) from error
@@ -132,7 +146,7 @@ def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
         dict[str, torch.Tensor]: the state dict.
 
     Raises:
-        ValueError: for an unknown extension, unsafe content, or a corrupt file.
+        CheckpointError: for an unknown extension, unsafe content, or a corrupt file.
     """
     path = Path(path)
     if path.suffix == SAFETENSORS_SUFFIX:
@@ -140,9 +154,9 @@ def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
     if path.suffix in PICKLE_SUFFIXES:
         state = safe_torch_load(path)
         if not isinstance(state, Mapping):
-            raise ValueError(f"{path} holds a {type(state).__name__}, expected a dict of tensors (a state dict).")
+            raise CheckpointError(f"{path} holds a {type(state).__name__}, expected a dict of tensors (a state dict).")
         return dict(state)
-    raise ValueError(
+    raise CheckpointError(
         f"Unsupported weights file {path}: expected one of {SAFETENSORS_SUFFIX}, {', '.join(PICKLE_SUFFIXES)}."
     )
 
@@ -169,11 +183,19 @@ def save_safetensors(state_dict: Mapping[str, torch.Tensor], path: str | Path) -
     Args:
         state_dict (Mapping[str, torch.Tensor]): tensors by key (any device; tied tensors are written twice).
         path (str | Path): the file to write.
+
+    Raises:
+        OSError: when the file cannot be written (a full disk, say), naming it.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    # transformers refuses safetensors files without the "format" metadata.
-    save_file(_dedupe_storages(state_dict), str(path), metadata={"format": "pt"})
+    tensors = _dedupe_storages(state_dict)
+    try:
+        # transformers refuses safetensors files without the "format" metadata.
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as error:  # the Rust writer reports I/O errors (EFBIG, ENOSPC) as its own type
+        raise OSError(f"could not write {path}: {error}") from error
     fsync_file(path)
 
 
@@ -183,8 +205,14 @@ def save_torch(obj: Any, path: str | Path) -> None:
     Args:
         obj (Any): tensors and plain containers only (so :func:`safe_torch_load` can read it back).
         path (str | Path): the file to write.
+
+    Raises:
+        OSError: when the file cannot be written (a full disk, say), naming it.
     """
-    torch.save(obj, str(path))
+    try:
+        torch.save(obj, str(path))
+    except RuntimeError as error:  # the zip writer reports a failed write (full disk) as "unexpected pos ..."
+        raise OSError(f"could not write {path}: {error}") from error
     fsync_file(path)
 
 
@@ -197,6 +225,30 @@ def save_json(obj: Any, path: str | Path) -> None:
     """
     Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
     fsync_file(path)
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> Any:
+    """Reads a JSON file of a checkpoint (config.json, an index, adapter_config.json, params.json).
+
+    Args:
+        path (str | Path): the file.
+        what (str): what the file is, for the message.
+
+    Returns:
+        Any: the parsed JSON.
+
+    Raises:
+        CheckpointError: when the file cannot be read or is not valid JSON, naming it and the line.
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise CheckpointError(
+            f"{what} {path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}). The file "
+            "is corrupt or truncated; download or copy it again."
+        ) from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"Could not read {what} {path}: {error}.") from error
 
 
 def fsync_file(path: str | Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tune.training.checkpointing._constants import COMPLETE_MARKER
-from tune.training.checkpointing._io import fsync_dir, save_json
+from tune.training.checkpointing._io import CheckpointSaveError, fsync_dir, save_json
 from tune.utils import get_logger
 
 log = get_logger(__name__)
@@ -225,14 +225,43 @@ def atomic_checkpoint_dir(output_dir: str | Path, name: str, marker: dict[str, A
 
     Yields:
         Path: the temporary directory to write into.
+
+    Raises:
+        CheckpointSaveError: when a write fails (a full disk, a file-size limit): the message names
+            ``output_dir`` and the previous complete checkpoint, which stays as it was; the temporary directory is
+            removed.
     """
     temp_dir = temporary_dir_for(output_dir, name)
-    if temp_dir.exists():
-        shutil.rmtree(temp_dir)
-    temp_dir.mkdir(parents=True)
     try:
+        if temp_dir.exists():
+            shutil.rmtree(temp_dir)
+        temp_dir.mkdir(parents=True)
         yield temp_dir
+        publish_checkpoint(temp_dir, Path(output_dir) / name, marker)
+    except OSError as error:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise CheckpointSaveError(_save_failed_message(output_dir, name, error)) from error
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    publish_checkpoint(temp_dir, Path(output_dir) / name, marker)
+
+
+def _save_failed_message(output_dir: str | Path, name: str, error: OSError) -> str:
+    # Checkpoints are published by a rename, so a failed save leaves the complete ones untouched.
+    complete = list_complete_checkpoints(output_dir)
+    if complete:
+        previous = f"The previous checkpoint {complete[-1][0]} is intact"
+        resumable = find_latest_checkpoint(output_dir)
+        if resumable is not None:
+            previous += f"; `resume_from_checkpoint=True` resumes from {resumable}"
+    else:
+        previous = "No earlier checkpoint was lost (there was none)"
+    try:
+        free = f" ({shutil.disk_usage(output_dir).free / 2**30:.1f} GiB free there)"
+    except OSError:
+        free = ""
+    return (
+        f"Could not save checkpoint {name} to output_dir {output_dir}: {error}. {previous}, and the partial "
+        f"checkpoint was removed. Free disk space{free} or raise the file-size limit (`ulimit -f`), or set "
+        "output_dir to another disk, then run again."
+    )

@@ -1,7 +1,7 @@
 """Recipe state beyond the weights: RNG states, the resolved config, ``recipe_state.pt``."""
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from tune.training.checkpointing._constants import CONFIG_FILE
-from tune.training.checkpointing._io import fsync_file, safe_torch_load, save_torch
+from tune.training.checkpointing._io import CheckpointError, fsync_file, safe_torch_load, save_torch
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -123,23 +123,36 @@ def save_recipe_state(state: Mapping[str, Any], path: str | Path) -> None:
     save_torch(dict(state), path)
 
 
-def load_recipe_state(path: str | Path) -> dict[str, Any]:
+def load_recipe_state(path: str | Path, required: Collection[str] = ()) -> dict[str, Any]:
     """Reads ``recipe_state.pt`` with ``weights_only=True`` (tensors and plain containers only).
 
     Args:
         path (str | Path): the file.
+        required (Collection[str]): keys the state must hold (the checkpointer asks for the RNG states it always
+            writes, so a file another program or an incompatible version wrote is refused). Default none.
 
     Returns:
         dict[str, Any]: the recipe state.
 
     Raises:
-        ValueError: if the file is missing, corrupt or holds other objects.
+        CheckpointError: if the file is missing, corrupt, holds other objects, or lacks a required key; the
+            message names the file.
     """
     if not Path(path).is_file():
-        raise ValueError(f"Recipe state {path} does not exist; the checkpoint cannot be resumed.")
+        raise CheckpointError(
+            f"Recipe state {path} does not exist; the checkpoint cannot be resumed. Point `recipe_checkpoint` at "
+            "the recipe_state.pt of the run, or set `resume_from_checkpoint: false` to start a new run."
+        )
     state = safe_torch_load(path, mmap=False)
     if not isinstance(state, dict):
-        raise ValueError(f"{path} holds a {type(state).__name__}, expected the recipe-state dict.")
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, expected the recipe-state dict.")
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise CheckpointError(
+            f"{path} is not a recipe state this version of tune wrote: it lacks {missing} (it holds "
+            f"{sorted(map(str, state))[:8]}). It comes from another program or an incompatible run; set "
+            "`resume_from_checkpoint: false` to start a new run, or point `output_dir` at a run tune saved."
+        )
     return state
 
 
