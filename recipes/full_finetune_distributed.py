@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
@@ -103,6 +103,7 @@ class FullFinetuneRecipeDistributed:
                 cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition
             )
         self._init_distributed(cfg)
+        self._configured_seed = cfg.seed
         self._seed = training.set_seed(training.sync_seed(cfg.seed))  # the same on every rank
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
@@ -199,9 +200,9 @@ class FullFinetuneRecipeDistributed:
 
     def _restore_recipe_state(self) -> None:
         progress = self._dcp_checkpointer.load_checkpoint({PROGRESS_KEY: self._progress_state(0)})[PROGRESS_KEY]
-        self.epochs_run, self.global_step = training.restore_progress(
+        self.epochs_run, self.global_step, self._seed = training.restore_progress(
             progress,
-            seed=self._seed,
+            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
             max_steps_per_epoch=self._max_steps_per_epoch,
             sampler=self._sampler,  # its position is per data-parallel rank: resumes only with as many of them
             load_optimizer=self._load_sharded_state,
@@ -324,9 +325,14 @@ class FullFinetuneRecipeDistributed:
             log_info(line)
 
     def _setup_data(
-        self, cfg_dataset: DictConfig, shuffle: bool, batch_size: int, cfg_collate: Any, drop_last: bool = True
+        self,
+        cfg_dataset: DictConfig | ListConfig,
+        shuffle: bool,
+        batch_size: int,
+        cfg_collate: Any,
+        drop_last: bool = True,
     ) -> tuple[StatefulDistributedSampler, DataLoader]:
-        dataset = config.instantiate(cfg_dataset, self._tokenizer)
+        dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         collate = config.instantiate_collate(  # packed or not is decided from the dataset itself
             cfg_collate,
             dataset,
@@ -348,7 +354,12 @@ class FullFinetuneRecipeDistributed:
             drop_last=drop_last,
             pin_memory=self._device.type == "cuda",
         )
-        log_info("Dataset %s: %d samples, %d batches per rank.", cfg_dataset._component_, len(dataset), len(loader))
+        log_info(
+            "Dataset %s: %d samples, %d batches per rank.",
+            config.component_name(cfg_dataset),
+            len(dataset),
+            len(loader),
+        )
         return sampler, loader
 
     # ---------------------------------------------------------------------------------------------------- train

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -75,6 +75,7 @@ class FullFinetuneRecipeSingleDevice:
             self._finetuning_schedule = training.FinetuningSchedule(
                 cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition
             )
+        self._configured_seed = cfg.seed
         self._seed = training.set_seed(cfg.seed)
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
@@ -129,9 +130,9 @@ class FullFinetuneRecipeSingleDevice:
         )
 
     def _restore_recipe_state(self, ckpt: dict[str, Any]) -> None:
-        self.epochs_run, self.global_step = training.restore_progress(
+        self.epochs_run, self.global_step, self._seed = training.restore_progress(
             ckpt,
-            seed=self._seed,
+            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
             max_steps_per_epoch=self._max_steps_per_epoch,
             sampler=self._sampler,
             load_optimizer=lambda: self._optimizer.load_state_dict(ckpt[training.OPT_KEY]),
@@ -214,9 +215,14 @@ class FullFinetuneRecipeSingleDevice:
             log.info(line)
 
     def _setup_data(
-        self, cfg_dataset: DictConfig, shuffle: bool, batch_size: int, cfg_collate: Any, drop_last: bool = True
+        self,
+        cfg_dataset: DictConfig | ListConfig,
+        shuffle: bool,
+        batch_size: int,
+        cfg_collate: Any,
+        drop_last: bool = True,
     ) -> tuple[StatefulDistributedSampler, DataLoader]:
-        dataset = config.instantiate(cfg_dataset, self._tokenizer)
+        dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         collate = config.instantiate_collate(  # packed or not is decided from the dataset itself
             cfg_collate,
             dataset,
@@ -235,7 +241,7 @@ class FullFinetuneRecipeSingleDevice:
             drop_last=drop_last,
             pin_memory=self._device.type == "cuda",
         )
-        log.info("Dataset %s: %d samples, %d batches.", cfg_dataset._component_, len(dataset), len(loader))
+        log.info("Dataset %s: %d samples, %d batches.", config.component_name(cfg_dataset), len(dataset), len(loader))
         return sampler, loader
 
     # ---------------------------------------------------------------------------------------------------- train

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
@@ -117,6 +117,7 @@ class LoRAFinetuneRecipeDistributed:
                 cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition
             )
         self._init_distributed(cfg)
+        self._configured_seed = cfg.seed
         self._seed = training.set_seed(training.sync_seed(cfg.seed))  # the same on every rank
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
@@ -235,9 +236,9 @@ class LoRAFinetuneRecipeDistributed:
 
     def _restore_recipe_state(self) -> None:
         progress = self._dcp_checkpointer.load_checkpoint({PROGRESS_KEY: self._progress_state(0)})[PROGRESS_KEY]
-        self.epochs_run, self.global_step = training.restore_progress(
+        self.epochs_run, self.global_step, self._seed = training.restore_progress(
             progress,
-            seed=self._seed,
+            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
             max_steps_per_epoch=self._max_steps_per_epoch,
             sampler=self._sampler,  # its position is per data-parallel rank: resumes only with as many of them
             load_optimizer=self._load_sharded_state,
@@ -315,11 +316,11 @@ class LoRAFinetuneRecipeDistributed:
     ) -> nn.Module:
         with training.set_default_dtype(self._dtype), torch.device("meta"):
             model = config.instantiate(cfg.model)  # no memory yet: each rank materialises only its shards
+        model = self._apply_model_converters(model)  # a LoRAConverter puts adapters on a model built without them
         adapter_params = self._check_adapters(model, cfg.model)
         # the same seed on every rank (set in __init__, nothing random drawn since): equal adapters everywhere
         training.init_adapters(model, self._shard_device())
         set_trainable_params(model, adapter_params)  # only the adapters learn
-        model = self._apply_model_converters(model)
         if self._tp_size > 1:  # refused for LoRA layers, with the reason
             with config.errors_at("tensor_parallel_dim", self._tp_size):
                 plan = config.instantiate_tensor_parallel_plan(
@@ -350,7 +351,7 @@ class LoRAFinetuneRecipeDistributed:
                 config.ConfigProblem(
                     "model._component_",
                     "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
-                    "builder, or the full_finetune_distributed recipe",
+                    "builder, add tune.training.LoRAConverter to model_converters, or use full_finetune_distributed",
                     cfg_model._component_,
                 )
             )
@@ -410,9 +411,14 @@ class LoRAFinetuneRecipeDistributed:
             log_info(line)
 
     def _setup_data(
-        self, cfg_dataset: DictConfig, shuffle: bool, batch_size: int, cfg_collate: Any, drop_last: bool = True
+        self,
+        cfg_dataset: DictConfig | ListConfig,
+        shuffle: bool,
+        batch_size: int,
+        cfg_collate: Any,
+        drop_last: bool = True,
     ) -> tuple[StatefulDistributedSampler, DataLoader]:
-        dataset = config.instantiate(cfg_dataset, self._tokenizer)
+        dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         collate = config.instantiate_collate(  # packed or not is decided from the dataset itself
             cfg_collate,
             dataset,
@@ -434,7 +440,12 @@ class LoRAFinetuneRecipeDistributed:
             drop_last=drop_last,
             pin_memory=self._device.type == "cuda",
         )
-        log_info("Dataset %s: %d samples, %d batches per rank.", cfg_dataset._component_, len(dataset), len(loader))
+        log_info(
+            "Dataset %s: %d samples, %d batches per rank.",
+            config.component_name(cfg_dataset),
+            len(dataset),
+            len(loader),
+        )
         return sampler, loader
 
     # ---------------------------------------------------------------------------------------------------- train

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -88,6 +88,7 @@ class LoRAFinetuneRecipeSingleDevice:
             self._finetuning_schedule = training.FinetuningSchedule(
                 cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition
             )
+        self._configured_seed = cfg.seed
         self._seed = training.set_seed(cfg.seed)
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
@@ -157,9 +158,9 @@ class LoRAFinetuneRecipeSingleDevice:
         )
 
     def _restore_recipe_state(self, ckpt: dict[str, Any]) -> None:
-        self.epochs_run, self.global_step = training.restore_progress(
+        self.epochs_run, self.global_step, self._seed = training.restore_progress(
             ckpt,
-            seed=self._seed,
+            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
             max_steps_per_epoch=self._max_steps_per_epoch,
             sampler=self._sampler,
             load_optimizer=lambda: self._optimizer.load_state_dict(ckpt[training.OPT_KEY]),
@@ -208,27 +209,28 @@ class LoRAFinetuneRecipeSingleDevice:
     ) -> nn.Module:
         with training.set_default_dtype(self._dtype), self._device:
             model = config.instantiate(cfg_model)
+        missing, unexpected = model.load_state_dict(base_state_dict, strict=False)
+        validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="base")
+        initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
+        # on the loaded model: a LoRAConverter puts adapters on a model built without them
+        model = self._apply_model_converters(model)
         adapter_params = get_adapter_params(model)
         if not adapter_params:
             raise config.ConfigError(
                 config.ConfigProblem(
                     "model._component_",
                     "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
-                    "builder, or the full_finetune_single_device recipe",
+                    "builder, add tune.training.LoRAConverter to model_converters, or use full_finetune_single_device",
                     cfg_model._component_,
                 )
             )
         set_trainable_params(model, adapter_params)  # only the adapters learn
         self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
-        if self._enable_activation_checkpointing:
-            training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
-        missing, unexpected = model.load_state_dict(base_state_dict, strict=False)
-        validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="base")
-        initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
         if adapter_state_dict is not None:  # resuming, or continuing from a saved adapter
             missing, unexpected = model.load_state_dict(adapter_state_dict, strict=False)
             validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="adapter")
-        model = self._apply_model_converters(model)
+        if self._enable_activation_checkpointing:
+            training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         if self._compile:
             training.compile_model(model)
         self._activations_ctx = training.activation_offloading_context(self._enable_activation_offloading, self._device)
@@ -268,9 +270,14 @@ class LoRAFinetuneRecipeSingleDevice:
             log.info(line)
 
     def _setup_data(
-        self, cfg_dataset: DictConfig, shuffle: bool, batch_size: int, cfg_collate: Any, drop_last: bool = True
+        self,
+        cfg_dataset: DictConfig | ListConfig,
+        shuffle: bool,
+        batch_size: int,
+        cfg_collate: Any,
+        drop_last: bool = True,
     ) -> tuple[StatefulDistributedSampler, DataLoader]:
-        dataset = config.instantiate(cfg_dataset, self._tokenizer)
+        dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         collate = config.instantiate_collate(  # packed or not is decided from the dataset itself
             cfg_collate,
             dataset,
@@ -289,7 +296,7 @@ class LoRAFinetuneRecipeSingleDevice:
             drop_last=drop_last,
             pin_memory=self._device.type == "cuda",
         )
-        log.info("Dataset %s: %d samples, %d batches.", cfg_dataset._component_, len(dataset), len(loader))
+        log.info("Dataset %s: %d samples, %d batches.", config.component_name(cfg_dataset), len(dataset), len(loader))
         return sampler, loader
 
     # ---------------------------------------------------------------------------------------------------- train

@@ -7,9 +7,10 @@ already merged)::
       - _component_: tune.training.Int8DynActInt4WeightQATConverter
         groupsize: 32
 
-then point this recipe's checkpointer at that checkpoint, with the same ``quantizer`` settings::
+then point this recipe's checkpointer at a checkpoint that run wrote (``output_dir/step_N``), with the same
+``quantizer`` settings::
 
-    tune run quantize --config quantization checkpointer.checkpoint_dir=/tmp/tune/llama3_2_1B/qat/epoch_0
+    tune run quantize --config quantization checkpointer.checkpoint_dir=/tmp/tune/llama3_2_1B/qat/step_1000
 
 The quantised state dict (torchao tensor subclasses) is written with ``torch.save`` to
 ``output_dir/model_<quantizer>.pt``; ``torch.load(path, weights_only=True)`` reads it back into a model built and

@@ -56,7 +56,7 @@ ALLOWED = {
 # users (training, config, _cli: not in ALLOWED["models"]).
 BY_NAME_AT_RUN_TIME = {"registry": {"models"}}
 # what a family module (tune/models/<family>/...) may take from tune.registry: the declaration, not the lookups
-FAMILY_MAY_USE_FROM_REGISTRY = {"ModelFamily", "StateDictConverter"}
+FAMILY_MAY_USE_FROM_REGISTRY = {"ModelFamily", "StateDictConverter", "AdapterConverter"}
 THIRD_PARTY_UTILS = {"torch"}  # tune.utils imports only the standard library and torch
 OPTIONAL = {"wandb", "tensorboard", "lm_eval", "torchao", "transformers", "peft"}
 

@@ -12,7 +12,9 @@ every layer may read it. Built-in families are found, not listed: every public s
 one, named after its package, and is imported by name (``importlib``) the first time a lookup asks for it. A
 lookup by a family's own name imports that family only; an alias (``qwen2``), a Hugging Face ``model_type`` or
 :func:`list_model_families` imports them all. A family that fails to import is reported once as a warning
-naming it and the error, and the others keep working.
+naming it and the error, and the others keep working. A subpackage that declares ``ALIAS_OF = "family"`` and no
+``FAMILY`` (``tune.models.gemma``, which holds the names torchtune's Gemma 2 configs use) is a public alias of
+names, not a family, and is skipped.
 """
 
 import importlib
@@ -27,6 +29,26 @@ from tune import plugins
 # tune -> HF and HF -> tune state-dict conversion. Each takes the state dict and the HF `config.json` as a
 # dict (dimensions such as num_attention_heads are needed to permute q/k projections) and returns a new dict.
 StateDictConverter = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class AdapterConverter:
+    """LoRA adapters <-> the Hugging Face PEFT format, for a family whose HF modules do not map one to one onto
+    tune's (Phi-3 fuses ``q/k/v_proj`` into ``qkv_proj``). Modules it leaves alone go through the family's
+    state-dict converters as usual.
+
+    Args:
+        to_peft (Callable): ``(adapter, hf_config, lora_alpha) -> (rest, peft_state, ranks, alphas)``: takes tune
+            adapter weights, returns the ones it did not handle (tune keys), the PEFT weights it made (HF module
+            names without PEFT's ``base_model.model.`` prefix), and each made module's rank and alpha.
+        from_peft (Callable): ``(peft_state, hf_config, lora_alpha, scalings) -> (rest, adapter)``: takes PEFT
+            weights (no prefix), the alpha of tune's LoRA layers and each module's PEFT scaling (``alpha / r``),
+            returns the weights it did not handle and the tune adapter weights it made; raises ``ValueError`` when
+            a module cannot be split exactly.
+    """
+
+    to_peft: Callable[..., Any]
+    from_peft: Callable[..., Any]
 
 
 @dataclass
@@ -50,6 +72,8 @@ class ModelFamily:
         fsdp_shard_modules (Callable | None): ``model -> list[nn.Module]`` of the submodules to wrap with
             ``fully_shard`` (default in tune.training: every transformer layer).
         tp_plan (Callable | None): ``model -> dict[str, ParallelStyle]`` tensor-parallel plan.
+        adapter_converter (AdapterConverter | None): LoRA adapters <-> PEFT where HF fuses modules tune keeps
+            apart; ``None``: adapters map module by module through ``tune_to_hf``/``hf_to_tune``.
         extra (dict): anything else a plugin wants to attach.
     """
 
@@ -63,6 +87,7 @@ class ModelFamily:
     aliases: tuple[str, ...] = ()
     fsdp_shard_modules: Callable[..., Any] | None = None
     tp_plan: Callable[..., Any] | None = None
+    adapter_converter: AdapterConverter | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -106,6 +131,8 @@ def _load_builtin(name: str) -> None:
     _imported.add(name)
     try:
         module = importlib.import_module(f"tune.models.{name}")
+        if isinstance(getattr(module, "ALIAS_OF", None), str) and not hasattr(module, "FAMILY"):
+            return  # a public alias package (tune.models.gemma for torchtune's names): not a family of its own
         family = getattr(module, "FAMILY", None)
         if not isinstance(family, ModelFamily):
             raise TypeError(f"tune.models.{name} declares no `FAMILY = ModelFamily(...)`")

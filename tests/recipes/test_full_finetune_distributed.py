@@ -100,7 +100,10 @@ def test_finetuning_schedule_converters_and_resume_across_two_ranks(tiny_assets,
         "finetuning_schedule=[{params: ['layers.1.*', 'norm', 'output'], transition: {after_steps: 2}},"
         " {params: ['layers.0.*', 'tok_embeddings']}]"
     ]
-    common = _overrides(tiny_assets, out, "batch_size=2", "save_every_n_steps=2", *schedule)
+    # seed: null and shuffling, as the shipped configs: the resumed run must take the seed the run drew
+    common = _overrides(
+        tiny_assets, out, "batch_size=2", "save_every_n_steps=2", "seed=null", "shuffle=True", *schedule
+    )
     converter = f"model_converters=[{{_component_: dist_components.RecordingConverter, path: {record}}}]"
     run_distributed(RECIPE, CONFIG, [*common, converter], cwd=tmp_path)
     uninterrupted = train_log(out)
@@ -125,6 +128,7 @@ def test_finetuning_schedule_converters_and_resume_across_two_ranks(tiny_assets,
         shutil.rmtree(path)
     proc = run_distributed(RECIPE, CONFIG, [*common, "resume_from_checkpoint=True"], cwd=tmp_path)
     assert "resumed in phase 1 of 2" in proc.stderr
+    assert "seed: null: resuming with the run's seed" in proc.stderr
     resumed = train_log(out)
     assert sorted(resumed) == [3, 4, 5]
     for step in resumed:  # same data order, optimizer state and param groups, LR schedule and RNG

@@ -20,7 +20,9 @@ _DESCRIPTION = """\
 Run a recipe with a config.
 
   RECIPE   a built-in recipe (`tune ls`), a plugin's recipe, or a path to a .py file (absolute or relative),
-           e.g. lora_finetune_single_device, ./my_recipe.py, /home/me/recipes/my_recipe.py
+           e.g. lora_finetune_single_device, ./my_recipe.py, /home/me/recipes/my_recipe.py; torchtune's
+           qat_distributed, qat_single_device and qat_lora_finetune_distributed run full_finetune_distributed,
+           full_finetune_single_device and lora_finetune_distributed (QAT is a model converter here)
   --config CONFIG
            a shipped config name or a YAML file, e.g. --config llama3_2/1B_lora_single_device, --config my.yaml
   key=value

@@ -8,7 +8,6 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from tune._cli._common import HelpFormatter, examples
-from tune._cli._sample import render_sample
 from tune.config import (
     ConfigProblem,
     RecipeInfo,
@@ -26,8 +25,6 @@ from tune.config import (
 )
 from tune.config._recipe_scan import scan_recipe
 from tune.config._training import DEFAULT_NOTES, optional_key_tables
-
-IGNORE_INDEX = -100  # labels equal to it get no loss (tune.data.CROSS_ENTROPY_IGNORE_IDX)
 
 
 class _IntermixedArgumentParser(argparse.ArgumentParser):
@@ -200,6 +197,8 @@ def _recipe(args: argparse.Namespace) -> RecipeInfo | None:
 
 
 def _sample(path: Path, overrides: list[str], index: int, recipe: RecipeInfo | None) -> str:
+    from tune.data import CROSS_ENTROPY_IGNORE_IDX, render_sample  # imports torch: only for --show-sample
+
     cfg = load_config(path, overrides)
     for key in ("tokenizer", "dataset"):
         if key not in cfg:
@@ -215,8 +214,9 @@ def _sample(path: Path, overrides: list[str], index: int, recipe: RecipeInfo | N
         got = sorted(item) if isinstance(item, dict) else type(item).__name__
         raise TuneError(f"sample {index} has no `tokens` and `labels` to show (got {got})")
     tokens, labels = _as_list(item["tokens"]), _as_list(item["labels"])
-    trained = [label != IGNORE_INDEX for label in labels]
-    return f"sample {index}: " + render_sample(tokens, trained, lambda ids: _decode(tokenizer, ids))
+    num_trained = sum(label != CROSS_ENTROPY_IGNORE_IDX for label in labels)
+    header = f"sample {index}: {len(tokens)} tokens, {num_trained} trained (shown between [[ and ]])"
+    return header + "\n" + render_sample(tokens, labels, lambda ids: _decode(tokenizer, ids))
 
 
 def _tokenizer_by_keyword(recipe: RecipeInfo | None) -> bool:

@@ -25,11 +25,15 @@ from tune.config._io import log_config, resolved_yaml, save_config
 from tune.config._load import apply_overrides, load_config, parse_override_value, read_yaml
 from tune.config._parse import parse
 from tune.config._training import (
+    IGNORED_KEYS,
     OPTIONAL_KEYS,
     apply_defaults,
+    check_config_keys,
     check_training_config,
+    component_name,
     errors_at,
     instantiate_collate,
+    instantiate_dataset,
     instantiate_lr_scheduler,
     instantiate_tensor_parallel_plan,
     recipe_defaults,
@@ -37,6 +41,7 @@ from tune.config._training import (
 from tune.config._validate import validate_config
 
 __all__ = [
+    "IGNORED_KEYS",
     "ConfigError",
     "ConfigProblem",
     "OPTIONAL_KEYS",
@@ -44,10 +49,12 @@ __all__ = [
     "RecipeInfo",
     "TuneError",
     "apply_defaults",
+    "check_config_keys",
     "apply_overrides",
     "builtin_configs",
     "builtin_recipes",
     "check_training_config",
+    "component_name",
     "configs_of",
     "errors_at",
     "find_config",
@@ -56,6 +63,7 @@ __all__ = [
     "import_modules",
     "instantiate",
     "instantiate_collate",
+    "instantiate_dataset",
     "instantiate_lr_scheduler",
     "instantiate_tensor_parallel_plan",
     "list_configs",

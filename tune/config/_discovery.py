@@ -25,6 +25,13 @@ from tune.config._errors import ConfigError, RecipeError
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 _INFO_NAME = "RECIPE_INFO"
 _INFO_KEYS = {"supports_distributed": bool, "configs": list, "optional_keys": list}
+# torchtune's quantisation-aware-training recipes -> the recipe that runs their configs here. QAT is a model
+# converter in tune (`model_converters:`), and a torchtune `quantizer:` entry is read as one (tune/config/_load.py).
+RECIPE_ALIASES = {
+    "qat_distributed": "full_finetune_distributed",
+    "qat_single_device": "full_finetune_single_device",
+    "qat_lora_finetune_distributed": "lora_finetune_distributed",
+}
 
 
 @dataclass(frozen=True)
@@ -264,6 +271,9 @@ def recipes_for_config(config_name: str, recipes: Iterable[RecipeInfo] | None = 
 def find_recipe(name: str) -> RecipeInfo:
     """The recipe ``tune run NAME`` means: a built-in name, a plugin's name, a ``.py`` path, or ``module:attr``.
 
+    torchtune's QAT recipe names (:data:`RECIPE_ALIASES`: ``qat_distributed``, ``qat_single_device``,
+    ``qat_lora_finetune_distributed``) give the built-in recipe that runs their configs.
+
     Args:
         name (str): what the user typed.
 
@@ -276,6 +286,8 @@ def find_recipe(name: str) -> RecipeInfo:
     builtins = builtin_recipes()
     if name in builtins:
         return builtins[name]
+    if RECIPE_ALIASES.get(name) in builtins:  # torchtune's QAT recipe names
+        return builtins[RECIPE_ALIASES[name]]
     path = Path(name).expanduser()
     if name.endswith(".py") or path.is_file():
         if path.is_file():

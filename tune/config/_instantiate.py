@@ -12,6 +12,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tune import plugins
 from tune.config._errors import ConfigError, ConfigProblem
 from tune.config._load import COMPONENT_KEY
+from tune.utils import install_hint
 
 
 def instantiate(config: Any, *args: Any, **kwargs: Any) -> Any:
@@ -153,8 +154,21 @@ def import_component(path: str, key: str = "") -> Any:
     try:
         return plugins.resolve_object(path)
     except (ImportError, AttributeError) as err:
+        missing = _missing_optional_package(err)
+        if missing is not None:  # an optional dependency of tune's (bitsandbytes optimizers, say)
+            message = f"needs the optional package `{missing}`, which is not installed. Run: {install_hint(missing)}"
+            raise ConfigError(ConfigProblem(key, message, path)) from None
         reason = str(err).removeprefix(f"cannot import {path!r}: ")  # the path is shown with the key already
         raise ConfigError(ConfigProblem(key, f"cannot import it: {reason}{_suggest(path)}", path)) from None
+
+
+def _missing_optional_package(err: BaseException) -> str | None:
+    # the ModuleNotFoundError behind the failure, when the module it names is one of tune's optional dependencies
+    while err is not None:
+        if isinstance(err, ModuleNotFoundError) and err.name and install_hint(err.name):
+            return err.name.split(".")[0]
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _ensure_cwd_importable() -> None:

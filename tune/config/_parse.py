@@ -12,7 +12,7 @@ from tune.config._discovery import find_config
 from tune.config._errors import TuneError
 from tune.config._imports import import_modules
 from tune.config._load import load_config
-from tune.config._training import apply_defaults, optional_key_tables
+from tune.config._training import apply_defaults, check_config_keys, optional_key_tables
 
 _EPILOG = """\
 overrides:
@@ -37,12 +37,14 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
         if __name__ == "__main__":
             sys.exit(recipe_main())
 
-    ``--config`` takes a file or the name of a shipped config. The optional keys of the tables the recipe names
-    in ``RECIPE_INFO["optional_keys"]`` are filled in where the config leaves them out
-    (:data:`~tune.config.OPTIONAL_KEYS`). The modules the config lists under ``imports:``
-    are imported before ``recipe_main`` runs (see :func:`~tune.config.import_modules`). A
-    :class:`~tune.config.TuneError` (a bad config, override or name, or a module of ``imports:`` that cannot be
-    imported), from loading or from inside ``recipe_main``, is printed as one ``error:`` line and exits with
+    ``--config`` takes a file or the name of a shipped config. The optional keys of the tables the recipe
+    names in ``RECIPE_INFO["optional_keys"]`` are filled in where the config leaves them out
+    (:data:`~tune.config.OPTIONAL_KEYS`), and a top-level key such a recipe never reads is an error naming the
+    closest known key (the recipe file is scanned, so a copied recipe that reads a new key knows it). The modules
+    the config lists under ``imports:`` are imported before ``recipe_main`` runs (see
+    :func:`~tune.config.import_modules`). A :class:`~tune.config.TuneError` (a bad config, override or name, or a
+    module of ``imports:`` that cannot be imported), from loading or from inside ``recipe_main``, is printed as
+    one ``error:`` line and exits with
     status 1 (``TUNE_DEBUG=1`` raises it with its traceback instead).
 
     Args:
@@ -58,8 +60,11 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
         args = _parser(prog, recipe_main).parse_intermixed_args(sys.argv[1:] if argv is None else list(argv))
         try:
             cfg = load_config(find_config(args.config), args.overrides)
-            # the optional keys the recipe reads, filled from the tables it names in RECIPE_INFO
-            apply_defaults(cfg, optional_key_tables(recipe_main.__globals__.get("RECIPE_INFO")))
+            info = recipe_main.__globals__.get("RECIPE_INFO")
+            tables = optional_key_tables(info)
+            apply_defaults(cfg, tables)  # the optional keys the recipe reads, from the tables RECIPE_INFO names
+            if isinstance(info, dict) and "optional_keys" in info:  # the recipe knows its keys: others are typos
+                check_config_keys(cfg, recipe_main.__globals__.get("__file__"), tables)
             import_modules(cfg)  # `imports:` register user components before the recipe builds anything
             return recipe_main(cfg)
         except TuneError as err:

@@ -17,6 +17,7 @@ follows assignments, calls of functions defined in the same file, and ``for`` lo
 import ast
 import inspect
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class RecipeScan:
     Args:
         path (Path): the recipe file.
         reads (dict[KeyPath, int]): keys the recipe reads unconditionally -> first line.
+        mentioned (set[str]): every top-level key the recipe refers to at all (read, read optionally with
+            ``cfg.get``, or checked for presence): the keys a config for it may have.
         runtime_args (dict[KeyPath, RuntimeArgs]): nodes the recipe instantiates -> arguments it adds.
         definitions (dict[str, inspect.Signature | None]): functions and classes defined at module level, with
             their signatures (``None`` when it cannot be read from the source).
@@ -62,6 +65,7 @@ class RecipeScan:
 
     path: Path
     reads: dict[KeyPath, int] = field(default_factory=dict)
+    mentioned: set[str] = field(default_factory=set)
     runtime_args: dict[KeyPath, RuntimeArgs] = field(default_factory=dict)
     definitions: dict[str, inspect.Signature | None] = field(default_factory=dict)
     imports: dict[str, str] = field(default_factory=dict)
@@ -73,6 +77,7 @@ _INSTANTIATING_HELPERS = {
     "instantiate_lr_scheduler": RuntimeArgs(num_positional=1, keywords={"num_training_steps"}),
     "instantiate_tensor_parallel_plan": RuntimeArgs(keywords={"model"}),
     "instantiate_collate": RuntimeArgs(),
+    "instantiate_dataset": RuntimeArgs(num_positional=1),
 }
 
 # an expression that refers to a config node: its path, and whether it came through an optional lookup
@@ -255,9 +260,14 @@ class _Reads(ast.NodeVisitor):
 
     def _record(self, expr: ast.AST, line: int) -> None:
         for path, optional in self.scanner.refs(expr):
+            if path:
+                self.scan.mentioned.add(path[0])
             if optional or not path or self._is_guarded(path):
                 continue
             self.scan.reads.setdefault(path, line)
+
+    def _mention(self, paths: Iterable[KeyPath]) -> None:
+        self.scan.mentioned.update(path[0] for path in paths if path)
 
     def _is_guarded(self, path: KeyPath) -> bool:
         return any(path[: len(g)] == g for guards in self.guarded for g in guards)
@@ -278,6 +288,7 @@ class _Reads(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         if isinstance(func, ast.Attribute) and self.scanner.refs(func.value):
+            self._mention(path for path, _ in self.scanner.refs(node))  # `cfg.get("k", default)` mentions k
             self._record(func.value, node.lineno)  # `cfg.a.get(...)` reads `a`; `get` is a method, not a key
             for child in [*node.args, *node.keywords]:
                 self.visit(child)
@@ -285,6 +296,7 @@ class _Reads(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _guarded_visit(self, guards: set[KeyPath], nodes: list[ast.AST]) -> None:
+        self._mention(guards)  # `if "k" in cfg:` mentions k
         self.guarded.append(guards)
         for child in nodes:
             self.visit(child)

@@ -8,11 +8,13 @@ saved config shows the values that ran, and ``tune validate CONFIG --show-defaul
 """
 
 import contextlib
+import difflib
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from tune.config._errors import _NO_VALUE, ConfigError, ConfigProblem
 from tune.config._instantiate import get_component_from_path, instantiate
@@ -68,6 +70,93 @@ DEFAULT_NOTES: dict[str, str] = {
     "tensor_parallel_plan": "the model family's plan (tune.registry)",
     "clip_grad_norm": "no clipping (the grad norm is still logged)",
 }
+
+
+# keys torchtune's configs carry that tune's recipes accept and ignore, with the reason (warned about when set)
+IGNORED_KEYS: dict[str, str] = {
+    "low_cpu_ram": "tune loads checkpoints memory-mapped on every rank already",
+    "custom_sharded_layers": "FSDP2 units are every transformer layer (or the model family's rule) plus the root",
+    "fsdp": "torchtune 0.6.1's recipes do not read it either; FSDP2 is set by fsdp_cpu_offload and "
+    "fsdp_reshard_after_forward",
+}
+# top-level keys tune itself reads from every config
+_TUNE_KEYS = {"imports"}
+# required keys that the checks of a table read (check_training_config for "finetune")
+_CHECKED_KEYS = {"finetune": {"epochs", "gradient_accumulation_steps", "max_steps_per_epoch"}}
+
+
+def known_keys(tables: Sequence[str]) -> set[str]:
+    """The top-level keys the tables of a recipe account for: their optional keys and the keys their checks read."""
+    return set(recipe_defaults(tables)).union(*(_CHECKED_KEYS.get(t, set()) for t in tables))
+
+
+_INTERPOLATION_ROOT = re.compile(r"\$\{([A-Za-z_][\w]*)")
+
+
+def unknown_key_problems(cfg: DictConfig, known: Iterable[str]) -> list[ConfigProblem]:
+    """Top-level keys of ``cfg`` that no recipe reads: typos, each with the closest known name.
+
+    A key is known when the recipe reads it (``known``: what the recipe scan saw plus its optional keys), tune
+    reads it (``imports``), another value refers to it (``${assets_dir}/...``: a variable of the config), or it
+    is one of torchtune's keys that tune ignores (:data:`IGNORED_KEYS`, warned about separately).
+
+    Args:
+        cfg (DictConfig): the config.
+        known (Iterable[str]): the top-level keys the recipe reads.
+
+    Returns:
+        list[ConfigProblem]: one per unknown key.
+    """
+    known = set(known) | _TUNE_KEYS | set(IGNORED_KEYS) | _interpolation_roots(cfg)
+    problems = []
+    for key in cfg.keys():
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        problems.append(
+            ConfigProblem(str(key), f"unknown key: the recipe does not read it. {hint}Remove it, or fix its name")
+        )
+    return problems
+
+
+def check_config_keys(cfg: DictConfig, recipe_file: str | None, tables: Sequence[str]) -> None:
+    """Rejects the top-level keys of ``cfg`` that the recipe in ``recipe_file`` never reads (see
+    :func:`unknown_key_problems`), and warns about torchtune keys tune ignores.
+
+    Raises:
+        ConfigError: listing every unknown key with the closest known name.
+    """
+    from tune.config._recipe_scan import scan_recipe
+
+    if recipe_file is None:
+        return
+    known = scan_recipe(recipe_file).mentioned | known_keys(tables)
+    problems = unknown_key_problems(cfg, known)
+    if problems:
+        raise ConfigError(problems)
+    warn_ignored_keys(cfg)
+
+
+def warn_ignored_keys(cfg: DictConfig) -> None:
+    """Warns about each key of :data:`IGNORED_KEYS` that ``cfg`` sets: it has no effect in tune."""
+    for key, why in IGNORED_KEYS.items():
+        if key in cfg.keys():
+            log.warning("%s has no effect in tune (%s); it can be removed from the config.", key, why)
+
+
+def _interpolation_roots(cfg: DictConfig) -> set[str]:
+    roots: set[str] = set()
+    stack = [OmegaConf.to_container(cfg, resolve=False)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str):
+            roots.update(_INTERPOLATION_ROOT.findall(node))
+    return roots
 
 
 def recipe_defaults(tables: Sequence[str]) -> dict[str, Any]:
@@ -236,6 +325,35 @@ def check_finetuning_schedule(phases: Any, auto_transition: Any) -> list[ConfigP
     except (TypeError, ValueError) as err:
         return [ConfigProblem("finetuning_schedule", f"must be a list of phases, or auto: {err}", phases)]
     return []
+
+
+def instantiate_dataset(cfg_dataset: DictConfig | ListConfig, tokenizer: Any) -> Any:
+    """Builds the ``dataset`` node with the tokenizer; a list of nodes (torchtune's form) builds each one and
+    concatenates them in order (``torch.utils.data.ConcatDataset``; packed or not is then read from the parts).
+
+    Raises:
+        ConfigError: for an empty list, or a list mixing packed and unpacked datasets.
+    """
+    from torch.utils.data import ConcatDataset
+
+    from tune import data
+
+    built = instantiate(cfg_dataset, tokenizer)
+    if not isinstance(built, list):
+        return built
+    if not built:
+        raise ConfigError(ConfigProblem("dataset", "is an empty list: name at least one dataset"))
+    dataset = ConcatDataset(built)
+    with errors_at("dataset"):
+        data.is_packed(dataset)  # a mix of packed and unpacked parts fits no collator
+    return dataset
+
+
+def component_name(node: Any) -> str:
+    """The ``_component_`` of a node, or of each node of a list (``a + b``), for log lines."""
+    if isinstance(node, (ListConfig, list)):
+        return " + ".join(component_name(item) for item in node)
+    return str(node.get("_component_", "?")) if isinstance(node, (DictConfig, dict)) else type(node).__name__
 
 
 def instantiate_lr_scheduler(cfg_lr_scheduler: DictConfig | None, optimizer: Any, num_training_steps: int) -> Any:

@@ -19,8 +19,10 @@ from tune.config._training import (
     apply_defaults,
     check_finetuning_schedule,
     check_model_converters,
+    known_keys,
     optional_key_tables,
     training_config_problems,
+    unknown_key_problems,
 )
 
 _UNRESOLVED = object()  # a leaf whose interpolation failed (already reported)
@@ -83,6 +85,8 @@ def validate_config(
     checker.check_tree(tree, "")
     if scan is not None:
         checker.check_reads(tree)
+    if scan is not None and isinstance(info, dict) and "optional_keys" in info:  # the recipe knows its keys
+        problems += unknown_key_problems(cfg, scan.mentioned | known_keys(tables))
     problems += check_model_converters(cfg.get("model_converters"))
     problems += _settings_problems(cfg, tables, bool((info or {}).get("supports_distributed")), problems)
     return problems

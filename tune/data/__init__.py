@@ -43,10 +43,12 @@ from tune.data._tokenizers import (
     HuggingFaceBaseTokenizer,
     SentencePieceBaseTokenizer,
     TikTokenBaseTokenizer,
+    TokenizerFileError,
     truncate,
 )
 
 __all__ = [
+    "TokenizerFileError",
     "collate_for_dataset",
     "is_packed",
     "AlpacaToMessages",

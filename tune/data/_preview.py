@@ -29,7 +29,8 @@ def render_sample(
     """Decodes a sample and marks the tokens that get loss.
 
     Consecutive tokens with the same status are decoded together, so a trained span reads as text:
-    ``"<s>Question? [[The answer.</s>]]"``.
+    ``"<s>Question? [[The answer.</s>]]"``. Each span is the difference between the decoded prefixes before and
+    after it, so tokenizers that drop a leading space at a cut (SentencePiece) render the text as it reads whole.
 
     Args:
         tokens (Sequence[int]): token ids (list or 1-D tensor).
@@ -50,15 +51,16 @@ def render_sample(
     ids = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
     flags = _trained_flags(ids, labels_or_mask)
     pieces: list[str] = []
-    start = 0
+    start, previous = 0, ""
     for i in range(1, len(ids) + 1):
         if i < len(ids) and flags[i] == flags[start]:
             continue
-        text = decode(ids[start:i])
+        prefix = decode(ids[:i])
+        text = prefix[len(previous) :] if prefix.startswith(previous) else decode(ids[start:i])
         if flags[start]:
             text = f"{start_marker}{text}{end_marker}"
             if color:
                 text = f"{_ANSI_GREEN}{text}{_ANSI_RESET}"
         pieces.append(text)
-        start = i
+        start, previous = i, prefix
     return "".join(pieces)

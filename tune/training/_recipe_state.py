@@ -122,57 +122,75 @@ def progress_state(
 def restore_progress(
     state: Mapping[str, Any],
     *,
-    seed: int,
+    seed: int | None,
     max_steps_per_epoch: int | None,
     sampler: Any,
     load_optimizer: Callable[[], None],
     lr_scheduler: Any = None,
     finetuning_schedule: Any = None,
     logger: logging.Logger = log,
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """Puts a run back where :func:`progress_state` left it; call it last in setup.
 
-    In order: the finetuning schedule's phase (its param groups must exist before the optimizer state loads into
-    them), ``load_optimizer()``, the LR scheduler, the sampler's position, and the RNG states last (setup drew
-    random numbers that the uninterrupted run did not).
+    The seed is part of the run: with ``seed: null`` the resumed run takes the checkpoint's (the one drawn when
+    the run began), so it sees the data in the order the uninterrupted run would. Then, in order: the finetuning
+    schedule's phase (its param groups must exist before the optimizer state loads into them),
+    ``load_optimizer()``, the LR scheduler, the sampler's position, and the RNG states last (setup drew random
+    numbers that the uninterrupted run did not).
 
     Args:
         state (Mapping[str, Any]): what :func:`progress_state` returned, as saved.
-        seed (int): this run's seed (a different one is warned about: the data order changes).
-        max_steps_per_epoch (int | None): this run's cap (likewise).
-        sampler (Any): the training sampler.
+        seed (int | None): the config's ``seed``; ``None`` takes the checkpoint's.
+        max_steps_per_epoch (int | None): this run's cap (a different one is warned about: the data changes).
+        sampler (Any): the training sampler (its ``seed`` is set to the run's).
         load_optimizer (Callable[[], None]): loads the optimizer state (the recipe knows where it is saved).
         lr_scheduler (Any): the LR scheduler, or ``None``.
         finetuning_schedule (Any): the ``FinetuningSchedule``, or ``None``.
         logger (logging.Logger): where the lines about the restore go (on rank 0 only).
 
     Returns:
-        tuple[int, int]: ``(epochs_run, global_step)``.
+        tuple[int, int, int]: ``(epochs_run, global_step, seed)``.
 
     Raises:
-        TuneError: when the saved data position cannot be resumed (a different dataset, shuffle or number of
-            data-parallel ranks), naming what changed.
+        TuneError: when the config's seed differs from the run's, or the saved data position cannot be resumed
+            (a different dataset, shuffle or number of data-parallel ranks), naming what changed.
     """
-    if state[SEED_KEY] != seed or state[MAX_STEPS_KEY] != max_steps_per_epoch:
+    run_seed = state[SEED_KEY]
+    if seed is None:
+        log_rank_zero(logger, f"seed: null: resuming with the run's seed {run_seed} (drawn when it began).")
+    elif seed != run_seed:
+        raise TuneError(
+            f"resume_from_checkpoint: the config's seed ({seed}) differs from the seed the run began with "
+            f"({run_seed}); the resumed run would not see the data an uninterrupted run would. Set seed: "
+            f"{run_seed} (or null) to resume, or resume_from_checkpoint: False to start a new run"
+        )
+    sampler.seed = run_seed
+    if state[MAX_STEPS_KEY] != max_steps_per_epoch:
         log_rank_zero(
             logger,
-            f"Resuming with seed={seed}, max_steps_per_epoch={max_steps_per_epoch} but the checkpoint was written "
-            f"with {state[SEED_KEY]}, {state[MAX_STEPS_KEY]}: the resumed run will not see the data an "
-            "uninterrupted run would.",
+            f"Resuming with max_steps_per_epoch={max_steps_per_epoch} but the checkpoint was written with "
+            f"{state[MAX_STEPS_KEY]}: the resumed run will not see the data an uninterrupted run would.",
             logging.WARNING,
         )
     if finetuning_schedule is not None and state.get(FINETUNING_SCHEDULE_KEY) is not None:
         for line in finetuning_schedule.load_state_dict(state[FINETUNING_SCHEDULE_KEY]):
             log_rank_zero(logger, line)
-    load_optimizer()
-    if lr_scheduler is not None and state[LR_SCHEDULER_KEY] is not None:
-        lr_scheduler.load_state_dict(state[LR_SCHEDULER_KEY])
+    try:
+        load_optimizer()
+        if lr_scheduler is not None and state[LR_SCHEDULER_KEY] is not None:
+            lr_scheduler.load_state_dict(state[LR_SCHEDULER_KEY])
+    except (KeyError, IndexError, ValueError, RuntimeError) as err:
+        raise TuneError(
+            f"resume_from_checkpoint: the saved optimizer or LR scheduler state does not fit this run's "
+            f"({type(err).__name__}: {err}); it was written by a different recipe, model or optimizer. Resume with "
+            "the config of the interrupted run, or set resume_from_checkpoint: False to start a new run"
+        ) from err
     try:
         sampler.load_state_dict(state[DATALOADER_KEY])
     except ValueError as err:
         raise TuneError(f"resume_from_checkpoint: {err}") from err
     set_rng_state(state[RNG_KEY])
-    return state[EPOCHS_KEY], state[STEPS_KEY]
+    return state[EPOCHS_KEY], state[STEPS_KEY], run_seed
 
 
 def prepare_loss(loss_fn: nn.Module, model: nn.Module, *, compile: bool = False) -> nn.Module:

@@ -10,7 +10,7 @@ from typing import Any
 
 from tune.utils._errors import TuneError
 from tune.utils._logging import get_logger, log_rank_zero
-from tune.utils._optional import import_optional
+from tune.utils._optional import import_optional, install_hint
 
 _LAZY = {name: "tune.utils._device" for name in ("get_device", "get_dtype", "get_rank", "get_world_size")}
 
@@ -22,6 +22,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "import_optional",
+    "install_hint",
     "log_rank_zero",
 ]
 

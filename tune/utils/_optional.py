@@ -10,7 +10,15 @@ _EXTRAS = {
     "torchao": "torchao",
     "transformers": "dev",
     "peft": "dev",
+    "bitsandbytes": "bitsandbytes",
 }
+
+
+def install_hint(module: str) -> str | None:
+    """The ``pip install`` command that provides ``module`` when it is one of tune's optional dependencies."""
+    top = module.split(".")[0]
+    extra = _EXTRAS.get(module, _EXTRAS.get(top))
+    return f"pip install 'tune[{extra}]'" if extra else None
 
 
 def import_optional(module: str, feature: str) -> ModuleType:

@@ -177,6 +177,7 @@ RECIPE_INFO = {"supports_distributed": False, "configs": [], "optional_keys": ["
 
 @config.parse
 def recipe_main(cfg):
+    cfg.epochs, cfg.get("my_new_key")  # the keys this recipe reads besides its tables: a copy may add its own
     print(json.dumps(OmegaConf.to_container(cfg)))
 
 
@@ -225,6 +226,44 @@ def test_parse_fills_the_tables_of_the_recipe_info_when_run_as_a_script(tmp_path
     # the config's values and the command line's win over the defaults, an explicit null included
     assert (cfg["clip_grad_norm"], cfg["lr_scheduler"], cfg["log_every_n_steps"]) == (2.0, None, 5)
     assert cfg["save_adapter_weights_only"] is False and cfg["collate_fn"] is None
+
+
+def _run_script(tmp_path, config_path, *overrides):
+    script = tmp_path / "my_recipe.py"
+    script.write_text(RECIPE_WITH_TABLES)
+    env = {k: v for k, v in os.environ.items() if k != "TUNE_DEBUG"}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, str(script), "--config", str(config_path), *overrides],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_parse_rejects_a_key_the_recipe_never_reads_naming_the_closest(tmp_path, small_config):
+    run = _run_script(tmp_path, small_config, "epoch=2", "clip_grad_nrom=1.0")
+    assert run.returncode == 1
+    assert "epoch: unknown key: the recipe does not read it. did you mean 'epochs'?" in run.stderr
+    assert "clip_grad_nrom: unknown key: the recipe does not read it. did you mean 'clip_grad_norm'?" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_parse_accepts_the_keys_a_copied_recipe_reads_and_config_variables(tmp_path):
+    # my_new_key is read by this (copied) recipe; assets_dir is a variable other values refer to
+    path = tmp_path / "cfg.yaml"
+    path.write_text("epochs: 1\nmy_new_key: ${assets_dir}/x\nassets_dir: /data\n")
+    run = _run_script(tmp_path, path, "assets_dir=/elsewhere")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1])["my_new_key"] == "${assets_dir}/x"
+
+
+def test_validate_reports_unknown_keys_of_a_recipe_with_tables():
+    problems = validate_config(FULL_TINY, FULL_RECIPE, [*FULL_TINY_PATHS, "batch_sizee=4", "low_cpu_ram=True"])
+    assert [(p.key, p.message) for p in problems] == [
+        (
+            "batch_sizee",
+            "unknown key: the recipe does not read it. did you mean 'batch_size'? Remove it, or fix its name",
+        )
+    ]  # low_cpu_ram is one of torchtune's keys that tune ignores (with a warning at run time)
 
 
 def test_parse_fills_nothing_for_a_recipe_without_recipe_info(tmp_path, small_config):

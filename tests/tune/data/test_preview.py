@@ -28,3 +28,14 @@ def test_colour_and_custom_markers():
 def test_length_mismatch():
     with pytest.raises(ValueError, match="2 tokens but 1"):
         render_sample([1, 2], [1], _decode)
+
+
+def test_spans_come_from_decoded_prefixes_so_cut_spaces_survive():
+    # a SentencePiece-like decoder drops the leading space of the first piece it decodes
+    vocab = {1: " Hello", 2: " world", 3: "!"}
+
+    def decode(ids):
+        return "".join(vocab[i] for i in ids).lstrip(" ")
+
+    out = render_sample([1, 2, 3], [-100, 2, 3], decode)
+    assert out == "Hello[[ world!]]"  # decoding [2, 3] alone would have lost the space before "world"

@@ -174,7 +174,7 @@ class _Run:
         state["optimizer"] = self.optimizer.state_dict()
         return state
 
-    def restore(self, state: dict, *, seed: int = SEED, max_steps: int = MAX_STEPS, logger=None) -> tuple[int, int]:
+    def restore(self, state: dict, *, seed: int | None = SEED, max_steps: int = MAX_STEPS, logger=None) -> tuple:
         def load_optimizer() -> None:
             self.events.append("optimizer")
             _draw_random_numbers()  # e.g. a recipe that builds something here
@@ -229,7 +229,7 @@ def test_restore_puts_the_run_back_where_it_stopped():
     events: list[str] = []
     resumed = _Run(events)
     assert len(resumed.optimizer.param_groups) == 1  # phase 0 of a fresh run
-    assert resumed.restore(state) == (1, 3)
+    assert resumed.restore(state) == (1, 3, SEED)
 
     assert _draw_random_numbers() == expected_random  # the RNG states came back last
     assert events == ["finetuning_schedule", "optimizer", "sampler"]
@@ -252,7 +252,7 @@ def test_a_resumed_run_trains_as_the_uninterrupted_one():
     state = _saved(first.state(*first.train(3)))
     resumed = _Run()
     resumed.model.load_state_dict(state["model"])
-    epochs_run, global_step = resumed.restore(state)
+    epochs_run, global_step, _ = resumed.restore(state)
     # the rest of epoch 1, then epoch 2, as _Run.train does it
     for epoch in range(epochs_run, 3):
         resumed.sampler.set_epoch(epoch)
@@ -273,21 +273,39 @@ def test_a_resumed_run_trains_as_the_uninterrupted_one():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_a_different_seed_or_cap_is_warned_about(caplog):
+def test_a_different_cap_is_warned_about(caplog):
     run = _Run()
     state = _saved(run.state(*run.train(3)))
     logger = logging.getLogger("test_recipe_state")
     with caplog.at_level(logging.WARNING, logger="test_recipe_state"):
-        _Run().restore(state, seed=SEED + 1, logger=logger)  # the sampler keeps the saved seed here
-    assert "Resuming with seed=8, max_steps_per_epoch=2 but the checkpoint was written with 7, 2" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="test_recipe_state"):
         _Run().restore(state, max_steps=5, logger=logger)
-    assert "max_steps_per_epoch=5 but the checkpoint was written with 7, 2" in caplog.text
+    assert "max_steps_per_epoch=5 but the checkpoint was written with 2" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="test_recipe_state"):
         _Run().restore(state, logger=logger)
     assert caplog.text == ""
+
+
+def test_a_configured_seed_other_than_the_runs_is_a_tune_error_naming_both():
+    run = _Run()
+    state = _saved(run.state(*run.train(3)))
+    with pytest.raises(TuneError, match=r"^resume_from_checkpoint: the config's seed \(8\) differs .* \(7\).*seed: 7"):
+        _Run().restore(state, seed=SEED + 1)
+
+
+def test_seed_null_resumes_with_the_runs_seed_and_data_order(caplog):
+    # the shipped configs say `seed: null`: a resumed process draws another seed, but the run's is in the state
+    run = _Run()
+    state = _saved(run.state(*run.train(3)))
+    resumed = _Run(sampler_seed=12345)  # the sampler built with the new process's drawn seed
+    logger = logging.getLogger("test_recipe_state")
+    with caplog.at_level(logging.INFO, logger="test_recipe_state"):
+        epochs_run, global_step, seed = resumed.restore(state, seed=None, logger=logger)
+    assert (global_step, seed) == (3, SEED) and resumed.sampler.seed == SEED
+    assert "seed: null: resuming with the run's seed 7" in caplog.text
+    uninterrupted = _Run()
+    uninterrupted.restore(state)
+    assert list(resumed.sampler) == list(uninterrupted.sampler)
 
 
 def test_a_different_dataset_size_is_a_tune_error():
@@ -299,13 +317,6 @@ def test_a_different_dataset_size_is_a_tune_error():
     assert "dataset_size: saved 12, now 13" in str(info.value)
 
 
-def test_a_different_sampler_seed_is_a_tune_error():
-    run = _Run()
-    state = _saved(run.state(*run.train(3)))
-    with pytest.raises(TuneError, match=r"^resume_from_checkpoint: .*seed: saved 7, now 8"):
-        _Run(sampler_seed=SEED + 1).restore(state, seed=SEED + 1)
-
-
 def test_without_scheduler_or_schedule():
     sampler = StatefulDistributedSampler(range(8), num_replicas=1, rank=0, shuffle=False)
     state = progress_state(seed=0, epochs_run=0, total_epochs=1, max_steps_per_epoch=None, global_step=2,
@@ -315,7 +326,7 @@ def test_without_scheduler_or_schedule():
     restored_sampler = StatefulDistributedSampler(range(8), num_replicas=1, rank=0, shuffle=False)
     result = restore_progress(_saved(state), seed=0, max_steps_per_epoch=None, sampler=restored_sampler,
                               load_optimizer=lambda: loaded.append(True))  # fmt: skip
-    assert result == (0, 2) and loaded == [True]
+    assert result == (0, 2, 0) and loaded == [True]
     assert list(restored_sampler) == [4, 5, 6, 7]
 
 
@@ -514,3 +525,14 @@ def test_step_metrics_without_grad_norm_and_with_memory():
     metrics = step_metrics(loss=1.0, optimizer=optimizer, tokens_per_second=10.0, memory_device=torch.device("cpu"))
     assert sorted(metrics) == ["loss", "lr", "memory_rss", "peak_memory_rss", "tokens_per_second"]
     assert 0 < metrics["memory_rss"] <= metrics["peak_memory_rss"]
+
+
+def test_an_optimizer_state_of_another_run_is_a_tune_error_naming_the_fix():
+    # e.g. a LoRA run's recipe_state.pt resumed by the full recipe: the optimizer's param groups differ
+    run = _Run()
+    state = _saved(run.state(*run.train(3)))
+    state["optimizer"]["param_groups"][0]["params"] = [0, 1, 2, 3, 4, 5]
+    with pytest.raises(
+        TuneError, match=r"^resume_from_checkpoint: the saved optimizer .* resume_from_checkpoint: False"
+    ):
+        _Run().restore(state)
