@@ -280,8 +280,9 @@ class _Checkpointer:
         else:
             raw = self._read_files(self._files)
         result: dict[str, Any] = {keys.MODEL_KEY: self._to_tune(raw)}
+        # a resumed run continues from the adapter it saved, not from the one it started from (adapter_checkpoint)
         adapter_path = self._adapter_checkpoint
-        if adapter_path is None and marker is not None and marker.get("adapter"):
+        if marker is not None and marker.get("adapter"):
             adapter_path = self._resume_dir
         if adapter_path is not None:
             result[keys.ADAPTER_KEY] = self.load_adapter(adapter_path)

@@ -124,3 +124,28 @@ def test_adapter_of_another_rank_names_key_and_shapes(hf_dir, tmp_path):
         load_adapter_weights(
             TinyLlama(lora={"rank": RANK, "alpha": ALPHA}, lora_modules=("k_proj",)), ckpt.load_adapter(out)
         )
+
+
+def test_resume_takes_the_saved_adapter_not_the_starting_adapter_checkpoint(hf_dir, tmp_path):
+    # a LoRA run started from adapter A (adapter_checkpoint) saves adapter B at step 2; resuming must continue
+    # from B, as the optimizer state and data position do (it used to reload A: resumed losses drifted)
+    base = FullModelHFCheckpointer(hf_dir, model_type=FAMILY, output_dir=tmp_path / "start").load_checkpoint()
+    start = _trained_lora_model(base[MODEL_KEY], False, ("q_proj", "v_proj"))
+    config = {"r": RANK, "lora_alpha": ALPHA}
+    start_dir = FullModelHFCheckpointer(hf_dir, model_type=FAMILY, output_dir=tmp_path / "start").save_checkpoint(
+        {MODEL_KEY: start.state_dict(), ADAPTER_CONFIG: config}, step=1
+    )
+    run = tmp_path / "run"
+    ckpt = FullModelHFCheckpointer(hf_dir, model_type=FAMILY, output_dir=run, adapter_checkpoint=start_dir)
+    trained = {k: v + 0.5 if "lora_" in k else v for k, v in start.state_dict().items()}  # the run moved them
+    recipe_state = {"rng_state": {"python": None}, "steps_run": 2}
+    ckpt.save_checkpoint(
+        {MODEL_KEY: trained, ADAPTER_CONFIG: config, **recipe_state}, step=2, intermediate_checkpoint=True
+    )
+    resumed = FullModelHFCheckpointer(
+        hf_dir, model_type=FAMILY, output_dir=run, adapter_checkpoint=start_dir, resume_from_checkpoint=True
+    ).load_checkpoint()
+    expected = {k: v for k, v in trained.items() if "lora_" in k}
+    assert resumed[ADAPTER_KEY].keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(resumed[ADAPTER_KEY][key], value, rtol=0, atol=1e-6)

@@ -1,0 +1,325 @@
+"""Tiny assets of every model family, for running each family's shipped configs end to end.
+
+For each family: a tiny tokenizer of the family's kind (tests/tune/data/_tiny_tokenizers.py), a randomly
+initialised ``transformers`` checkpoint with the family's architecture (2 layers, small widths; every other
+setting as in the released model whose config the family's smallest shipped config fine-tunes) and the
+``model.*`` overrides that build the same architecture with the family's component builder. Only dimensions
+differ from the shipped size: the non-dimension settings (RoPE base and scaling, norm epsilon, tied embeddings,
+soft-capping, sliding windows, ...) are read from the family's size table, ``MODEL_SIZES``, so a wrong entry there
+shows up as a logits mismatch against ``transformers``, whose config is written here from the released models'
+``config.json`` values.
+"""
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tests.recipes.utils import _write_alpaca
+from tests.tune.data import _tiny_tokenizers
+from tests.tune.models._hf_cases import build_hf_model
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+# The tiny dimensions (head_dim 16, grouped-query attention 4 : 2).
+EMBED_DIM, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, INTERMEDIATE_DIM, NUM_LAYERS = 64, 4, 2, 16, 128, 2
+# The model's and the tokenizer's max_seq_len. Not shorter: the tiny tokenizers spell the alpaca prompt's fixed
+# preamble in 100-170 tokens, so at 64 every sample is cut to the same preamble and every batch has the same
+# loss (a resume that reads the wrong batches would then go unnoticed). The tiny rows are 178-365 tokens long.
+MAX_SEQ_LEN = 512
+LORA_MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+# tune's attention module names -> transformers'
+HF_ATTN_NAMES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What the tests need to know about a family.
+
+    Attributes:
+        size (str): the ``MODEL_SIZES`` row of the smallest shipped size (its non-dimension settings are kept).
+        size_module (str): the module holding that table.
+        builder_module (str): the module whose component builders the configs' ``model`` node is pointed at.
+        builder (str): the full-model component builder; ``lora_<builder>`` is the LoRA one.
+        configs (dict[str, str]): method -> shipped single-device config (relative to configs/).
+        distributed (dict[str, str]): method -> shipped distributed config, where one exists.
+        tokenizer (str): which tiny tokenizer (``sentencepiece``, ``gemma``, ``tiktoken``, ``qwen2_5``, ``qwen3``,
+            ``phi3``).
+    """
+
+    size: str
+    size_module: str
+    builder_module: str
+    builder: str
+    configs: dict[str, str]
+    distributed: dict[str, str]
+    tokenizer: str
+
+
+def _single(prefix: str, methods=("full", "lora", "qlora")) -> dict[str, str]:
+    return {m: f"{prefix}_{m}_single_device.yaml" for m in methods}
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    "llama2": FamilySpec(
+        "llama2_7b",
+        "llama2",
+        "llama2",
+        "llama2",
+        _single("llama2/7B"),
+        {"full": "llama2/13B_full.yaml", "lora": "llama2/13B_lora.yaml"},
+        "sentencepiece",
+    ),  # fmt: skip
+    "llama3": FamilySpec(
+        "llama3_8b",
+        "llama3",
+        "llama3",
+        "llama3",
+        _single("llama3/8B"),
+        {"full": "llama3/8B_full.yaml", "lora": "llama3/8B_lora.yaml"},
+        "tiktoken",
+    ),  # fmt: skip
+    "llama3_1": FamilySpec(
+        "llama3_1_8b",
+        "llama3_1",
+        "llama3_1",
+        "llama3_1",
+        _single("llama3_1/8B"),
+        {"full": "llama3_1/8B_full.yaml", "lora": "llama3_1/8B_lora.yaml"},
+        "tiktoken",
+    ),  # fmt: skip
+    "llama3_2": FamilySpec(
+        "llama3_2_1b",
+        "llama3_2",
+        "llama3_2",
+        "llama3_2",
+        _single("llama3_2/1B"),
+        {},
+        "tiktoken",
+    ),  # fmt: skip
+    # Llama 3.3 is a Llama 3.1 architecture with no builder of its own: its builders call llama3_1's. It ships
+    # no single-device full config.
+    "llama3_3": FamilySpec(
+        "llama3_3_70b",
+        "llama3_3",
+        "llama3_1",
+        "llama3_1",
+        _single("llama3_3/70B", ("qlora",)),
+        {"full": "llama3_3/70B_full.yaml", "lora": "llama3_3/70B_lora.yaml"},
+        "tiktoken",
+    ),  # fmt: skip
+    "mistral": FamilySpec(
+        "mistral_7b",
+        "mistral",
+        "mistral",
+        "mistral",
+        _single("mistral/7B"),
+        {},
+        "sentencepiece",
+    ),  # fmt: skip
+    "qwen2_5": FamilySpec(
+        "qwen2_5_0_5b",
+        "qwen2_5",
+        "qwen2_5",
+        "qwen2",
+        _single("qwen2_5/0.5B"),
+        {"full": "qwen2_5/14B_full.yaml", "lora": "qwen2_5/14B_lora.yaml"},
+        "qwen2_5",
+    ),  # fmt: skip
+    "qwen3": FamilySpec(
+        "qwen3_0_6b_instruct",
+        "qwen3",
+        "qwen3",
+        "qwen3",
+        _single("qwen3/0.6B"),
+        {"full": "qwen3/8B_full.yaml", "lora": "qwen3/8B_lora.yaml"},
+        "qwen3",
+    ),  # fmt: skip
+    "gemma2": FamilySpec(
+        "gemma2_2b",
+        "gemma2",
+        "gemma2",
+        "gemma2",
+        _single("gemma2/2B"),
+        {"full": "gemma2/9B_full.yaml", "lora": "gemma2/9B_lora.yaml"},
+        "gemma",
+    ),  # fmt: skip
+    "phi3": FamilySpec(
+        "phi3_mini",
+        "phi3",
+        "phi3",
+        "phi3",
+        _single("phi3/mini"),
+        {},
+        "phi3",
+    ),  # fmt: skip
+}
+
+
+def tokenizer_file(kind: str) -> Path:
+    """The tiny tokenizer file of a kind, in the form the family's tokenizer builder reads (``tokenizer.path``)."""
+    if kind == "sentencepiece":
+        return _tiny_tokenizers.sentencepiece_model() / "tokenizer.model"
+    if kind == "gemma":
+        return _tiny_tokenizers.sentencepiece_model(dummy_prefix=False, gemma=True) / "tokenizer.model"
+    if kind == "tiktoken":
+        return _tiny_tokenizers.tiktoken_file()
+    if kind in ("qwen2_5", "qwen3"):
+        return _tiny_tokenizers.qwen_tokenizer_json(qwen3=kind == "qwen3") / "tokenizer.json"
+    if kind == "phi3":
+        return _tiny_tokenizers.phi3_tokenizer_dir() / "tokenizer.model"
+    raise ValueError(kind)
+
+
+def _tokenizer(family: str):
+    """The family's own tokenizer on the tiny file (its ``vocab_size`` and special ids size the model)."""
+    spec = FAMILIES[family]
+    tokenizer_builder = importlib.import_module(f"tune.models.{family}").FAMILY.tokenizer
+    return tokenizer_builder(str(tokenizer_file(spec.tokenizer)))
+
+
+def vocab_size(family: str) -> int:
+    """The tiny tokenizer's vocabulary, rounded up to a multiple of 64 (as released vocabularies are padded)."""
+    return -(-_tokenizer(family).vocab_size // 64) * 64
+
+
+def tune_dims(family: str) -> dict:
+    """Keyword arguments of the family's component builder: the smallest size's, with tiny dimensions."""
+    spec = FAMILIES[family]
+    sizes = importlib.import_module(f"tune.models.{spec.size_module}._model_builders").MODEL_SIZES
+    dims = dict(sizes[spec.size].dims)
+    dims.update(
+        vocab_size=vocab_size(family),
+        num_layers=NUM_LAYERS,
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        embed_dim=EMBED_DIM,
+        intermediate_dim=INTERMEDIATE_DIM,
+        max_seq_len=MAX_SEQ_LEN,
+    )
+    if "head_dim" in dims:
+        dims["head_dim"] = HEAD_DIM
+    return dims
+
+
+def hf_config(family: str):
+    """The ``transformers`` config of the tiny model: the released model's settings, tiny dimensions."""
+    import transformers
+
+    tokenizer = _tokenizer(family)
+    common = dict(
+        vocab_size=vocab_size(family),
+        hidden_size=EMBED_DIM,
+        intermediate_size=INTERMEDIATE_DIM,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_KV_HEADS,
+        max_position_embeddings=MAX_SEQ_LEN,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+    )
+
+    def llama3_scaling(factor: float) -> dict:  # meta-llama/Llama-3.1-8B-Instruct and Llama-3.2-1B config.json
+        return dict(
+            rope_type="llama3",
+            factor=factor,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        )
+
+    llama = dict(rms_norm_eps=1e-5, tie_word_embeddings=False)
+    if family == "llama2":  # meta-llama/Llama-2-7b-hf
+        return transformers.LlamaConfig(rope_theta=10_000.0, **llama, **common)
+    if family == "llama3":  # meta-llama/Meta-Llama-3-8B-Instruct
+        return transformers.LlamaConfig(rope_theta=500_000.0, **llama, **common)
+    if family in ("llama3_1", "llama3_3"):  # meta-llama/Llama-3.1-8B-Instruct, Llama-3.3-70B-Instruct
+        return transformers.LlamaConfig(rope_theta=500_000.0, rope_scaling=llama3_scaling(8.0), **llama, **common)
+    if family == "llama3_2":  # meta-llama/Llama-3.2-1B-Instruct
+        return transformers.LlamaConfig(
+            rope_theta=500_000.0, rope_scaling=llama3_scaling(32.0), rms_norm_eps=1e-5, tie_word_embeddings=True,
+            **common,
+        )  # fmt: skip
+    if family == "mistral":  # mistralai/Mistral-7B-v0.1
+        return transformers.MistralConfig(rope_theta=10_000.0, rms_norm_eps=1e-5, sliding_window=4096, **common)
+    if family == "qwen2_5":  # Qwen/Qwen2.5-0.5B-Instruct
+        return transformers.Qwen2Config(rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, **common)
+    if family == "qwen3":  # Qwen/Qwen3-0.6B
+        return transformers.Qwen3Config(
+            head_dim=HEAD_DIM, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, **common
+        )
+    if family == "gemma2":  # google/gemma-2-2b-it
+        return transformers.Gemma2Config(
+            head_dim=HEAD_DIM, rope_theta=10_000.0, rms_norm_eps=1e-6, query_pre_attn_scalar=256,
+            attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=4096,
+            pad_token_id=tokenizer.pad_id, **common,
+        )  # fmt: skip
+    if family == "phi3":  # microsoft/Phi-3-mini-4k-instruct
+        return transformers.Phi3Config(
+            rope_theta=10_000.0, rms_norm_eps=1e-5, sliding_window=2047, tie_word_embeddings=False,
+            original_max_position_embeddings=MAX_SEQ_LEN, pad_token_id=tokenizer.pad_id, **common,
+        )  # fmt: skip
+    raise ValueError(family)
+
+
+def build_family_assets(family: str, root: Path) -> Path:
+    """Writes ``root/hf/`` (the tiny HF checkpoint, one ``model.safetensors``) and ``root/train.json`` (80 rows)."""
+    root.mkdir(parents=True, exist_ok=True)
+    model = build_hf_model(hf_config(family), seed=0)
+    model.save_pretrained(root / "hf", safe_serialization=True)
+    _write_alpaca(root / "train.json", num_samples=80, seed=0)  # 4 steps of 2 x 8 (the largest accumulation shipped)
+    return root
+
+
+def model_overrides(family: str, method: str) -> list[str]:
+    """``model.*`` overrides: the family's component builder with the tiny dimensions (LoRA settings kept)."""
+    spec = FAMILIES[family]
+    builder = spec.builder if method == "full" else f"lora_{spec.builder}"
+    overrides = [f"model._component_=tune.models.{spec.builder_module}.{builder}"]
+    if method == "qlora":  # what the shipped qlora_* builder adds to lora_*
+        overrides.append("model.quantize_base=True")
+    for key, value in tune_dims(family).items():
+        overrides.append(f"model.{key}={json.dumps(value) if value is not None else 'null'}")
+    return overrides
+
+
+def hf_lora_targets(lora_node: dict) -> list[str]:
+    """The ``transformers`` module names a config's LoRA settings adapt."""
+    targets = [HF_ATTN_NAMES[name] for name in lora_node["lora_attn_modules"]]
+    if lora_node.get("apply_lora_to_mlp"):
+        targets += LORA_MLP_MODULES
+    if lora_node.get("apply_lora_to_output"):
+        targets.append("lm_head")
+    return targets
+
+
+def quantized_rows(family: str, lora_node: dict) -> dict[str, list[slice]]:
+    """transformers module name -> the row ranges of its weight that QLoRA quantises: the weights of tune's LoRA
+    layers. Phi-3 fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``; each part was its own tune layer
+    (its own NF4 tensor), and k_proj without LoRA stays unquantised."""
+    targets = hf_lora_targets(lora_node)
+    if family != "phi3":
+        return {name: [slice(None)] for name in targets}
+    q, kv = NUM_HEADS * EMBED_DIM // NUM_HEADS, NUM_KV_HEADS * EMBED_DIM // NUM_HEADS
+    parts = {"q_proj": ("qkv_proj", slice(0, q)), "k_proj": ("qkv_proj", slice(q, q + kv))}
+    parts.update(v_proj=("qkv_proj", slice(q + kv, q + 2 * kv)), o_proj=("o_proj", slice(None)))
+    parts.update(gate_proj=("gate_up_proj", slice(0, INTERMEDIATE_DIM)))
+    parts.update(up_proj=("gate_up_proj", slice(INTERMEDIATE_DIM, 2 * INTERMEDIATE_DIM)))
+    parts.update(down_proj=("down_proj", slice(None)), lm_head=("lm_head", slice(None)))
+    rows: dict[str, list[slice]] = {}
+    for name in targets:
+        module, part = parts[name]
+        rows.setdefault(module, []).append(part)
+    return rows
+
+
+def nf4_round_trip(weight: torch.Tensor) -> torch.Tensor:
+    """QLoRA's 4-bit NormalFloat round trip through torchao: blocks of 64 values, block scales double-quantised
+    in groups of the largest size up to 256 that divides the number of blocks (the QLoRA paper's 64 / 256)."""
+    from torchao.quantization import to_nf4
+
+    num_blocks = weight.numel() // 64
+    group = max(g for g in range(1, min(num_blocks, 256) + 1) if num_blocks % g == 0)
+    return to_nf4(weight.detach(), 64, group).get_original_weight().to(weight.dtype)

@@ -1,0 +1,253 @@
+"""Every family's shipped configs, end to end: train, resume, and load the outputs in transformers and PEFT.
+
+Each case copies a shipped config as ``tune cp`` gives it and changes it only on the command line: tiny model
+dimensions (``model.*``, the family's component builder), a tiny tokenizer of the family's kind, a tiny alpaca
+JSON file, paths, and the CPU settings (``device=cpu dtype=fp32``); anything else the shipped config needed to
+run is listed in ``CPU_OVERRIDES`` with the reason. The config's own seed setting (``seed: null``) and its
+shuffling, accumulation, scheduler and optimizer are kept.
+
+What is checked, per (family, method):
+
+- train: 4 steps, a checkpoint after each;
+- resume: from the step-2 checkpoint, the losses of steps 3 and 4 equal the uninterrupted run's, and so do the
+  final weights;
+- transformers: ``AutoModelForCausalLM.from_pretrained(step_4)`` loads with no missing, unexpected or resized
+  weight;
+- PEFT (LoRA, QLoRA): ``PeftModel.from_pretrained(base, step_4/adapter)`` gives the merged checkpoint's logits.
+  The base is the input checkpoint, with QLoRA's adapted weights passed through the NF4 round trip (QLoRA trains
+  the adapter on the quantised base, and the merged checkpoint is that base plus the adapter). The LoRA runs
+  start from a random PEFT adapter (``checkpointer.adapter_checkpoint``) so that after 4 warm-up steps of the
+  shipped schedule the adapter still changes the logits far beyond the tolerance.
+"""
+
+import functools
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.recipes import _family_assets as assets
+from tests.recipes.dist_utils import run_distributed
+from tests.recipes.utils import read_jsonl, run_recipe
+
+pytestmark = pytest.mark.integration
+
+RECIPES = {"full": "full_finetune_single_device", "lora": "lora_finetune_single_device"}
+DIST_RECIPES = {"full": "full_finetune_distributed", "lora": "lora_finetune_distributed"}
+NUM_STEPS, RESUME_FROM = 4, 2
+
+# Overrides beyond dimensions, tokenizer, data, paths, device and dtype that the shipped configs need on CPU
+# (each one a finding about the shipped configs; empty where none was needed).
+CPU_OVERRIDES: list[str] = []
+
+SINGLE_CASES = [(family, method) for family, spec in assets.FAMILIES.items() for method in spec.configs]
+DIST_CASES = [(family, method) for family, spec in assets.FAMILIES.items() for method in spec.distributed]
+# What no family ships (reported, not tested): llama3_3 has no single-device full or LoRA config; llama3_2,
+# mistral and phi3 have no distributed configs.
+MISSING_SINGLE = [(f, m) for f, s in assets.FAMILIES.items() for m in ("full", "lora", "qlora") if m not in s.configs]
+
+
+@pytest.fixture(scope="session")
+def family_assets(tmp_path_factory):
+    """family -> its tiny assets directory (``hf/`` and ``train.json``), each built once per session."""
+    root = tmp_path_factory.mktemp("family_assets")
+    os.environ["HF_DATASETS_CACHE"] = str(root / "hf_datasets_cache")
+
+    @functools.cache
+    def build(family: str) -> Path:
+        return assets.build_family_assets(family, root / family)
+
+    return build
+
+
+def _copy_config(relative: str, destination: Path) -> Path:
+    """The shipped config, copied byte for byte (what ``tune cp`` writes)."""
+    path = destination / Path(relative).name
+    shutil.copyfile(assets.CONFIGS / relative, path)
+    return path
+
+
+def _overrides(family: str, method: str, data: Path, out: Path, adapter: Path | None) -> list[str]:
+    tokenizer = assets.tokenizer_file(assets.FAMILIES[family].tokenizer)
+    overrides = [
+        f"output_dir={out}",
+        "device=cpu",
+        "dtype=fp32",
+        *assets.model_overrides(family, method),
+        f"tokenizer.path={tokenizer}",
+        f"tokenizer.max_seq_len={assets.MAX_SEQ_LEN}",
+        f"checkpointer.checkpoint_dir={data / 'hf'}",
+        "dataset._component_=tune.datasets.alpaca_dataset",
+        "dataset.source=json",
+        f"dataset.data_files={data / 'train.json'}",
+        "dataset.split=train",
+        "batch_size=2",
+        f"max_steps_per_epoch={NUM_STEPS}",
+        "save_every_n_steps=1",
+        *CPU_OVERRIDES,
+    ]
+    if adapter is not None:
+        overrides.append(f"checkpointer.adapter_checkpoint={adapter}")
+    return overrides
+
+
+def _crashed_copy(out: Path, where: Path) -> Path:
+    """A copy of the output directory as a crash after step 2 leaves it: later checkpoints (and the distributed
+    recipes' ``dcp/step_N``) and the log removed."""
+    shutil.copytree(out, where)
+    shutil.rmtree(where / "logs")
+    for later in range(RESUME_FROM + 1, NUM_STEPS + 1):
+        for path in (where / f"step_{later}", where / "dcp" / f"step_{later}"):
+            if path.exists():
+                shutil.rmtree(path)
+    return where
+
+
+def _losses(out: Path) -> dict[int, float]:
+    """Step -> training loss, from the run's JSONL log (the shipped configs name it ``log_<unix time>.jsonl``)."""
+    (log,) = (out / "logs").glob("*.jsonl")
+    return {r["step"]: r["loss"] for r in read_jsonl(log) if "loss" in r}
+
+
+def _lora_node(config: Path) -> dict:
+    return yaml.safe_load(config.read_text())["model"]
+
+
+def _initial_adapter(family: str, base_dir: Path, lora: dict, where: Path) -> Path | None:
+    """A PEFT adapter with random A and B (both non-zero) for the config's LoRA settings; None for Phi-3, whose
+    fused ``qkv_proj`` / ``gate_up_proj`` cannot carry tune's separate q/v and gate/up adapters in PEFT's form."""
+    if family == "phi3":
+        return None
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    config = LoraConfig(
+        r=lora["lora_rank"],
+        lora_alpha=lora["lora_alpha"],
+        lora_dropout=0.0,
+        target_modules=assets.hf_lora_targets(lora),
+        init_lora_weights=False,  # random B as well as A: the adapter changes the model from the first step
+    )
+    torch.manual_seed(1)
+    peft_model = get_peft_model(base, config)
+    with torch.no_grad():  # PEFT's random B is as large as A; smaller keeps the tiny model's losses sane
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(0.1)
+    peft_model.save_pretrained(where)
+    return where
+
+
+def _load_strict(directory: Path):
+    """``AutoModelForCausalLM.from_pretrained`` asserting that every weight was found and used as saved."""
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    assert not problems, f"{directory}: {problems}"
+    return model.eval()
+
+
+def _probe_tokens(vocab_size: int) -> torch.Tensor:
+    return torch.randint(3, vocab_size, (2, 24), generator=torch.Generator().manual_seed(7))
+
+
+def _check_peft(family: str, method: str, data: Path, step_dir: Path, lora: dict) -> None:
+    from peft import PeftModel
+
+    merged = _load_strict(step_dir)
+    base = _load_strict(data / "hf")
+    if method == "qlora":  # the base QLoRA trained on: its adapted weights quantised to NF4 and back
+        rows = assets.quantized_rows(family, lora)
+        with torch.no_grad():
+            for name, module in base.named_modules():
+                for part in rows.get(name.rsplit(".", 1)[-1], []):
+                    module.weight[part] = assets.nf4_round_trip(module.weight[part])
+    tokens = _probe_tokens(base.config.vocab_size)
+    with torch.no_grad():
+        base_logits = base(input_ids=tokens).logits
+        adapted = PeftModel.from_pretrained(base, step_dir / "adapter").eval()
+        peft_logits = adapted(input_ids=tokens).logits
+        merged_logits = merged(input_ids=tokens).logits
+    torch.testing.assert_close(merged_logits, peft_logits, atol=1e-4, rtol=1e-4)
+    # the comparison means something only where the adapter moves the logits far beyond that tolerance
+    if family != "phi3":
+        assert (peft_logits - base_logits).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("family, method", SINGLE_CASES, ids=[f"{f}-{m}" for f, m in SINGLE_CASES])
+def test_shipped_single_device_config_trains_resumes_and_loads_in_hf(family_assets, tmp_path, family, method):
+    spec = assets.FAMILIES[family]
+    data = family_assets(family)
+    config = _copy_config(spec.configs[method], tmp_path)
+    lora = _lora_node(config) if method != "full" else None
+    adapter = _initial_adapter(family, data / "hf", lora, tmp_path / "initial_adapter") if lora else None
+    recipe = RECIPES["full" if method == "full" else "lora"]
+
+    # train: 4 steps, a checkpoint after each
+    out = tmp_path / "run"
+    run_recipe(recipe, config, _overrides(family, method, data, out, adapter), cwd=tmp_path, timeout=300)
+    uninterrupted = _losses(out)
+    assert sorted(uninterrupted) == list(range(1, NUM_STEPS + 1))
+    assert all(torch.isfinite(torch.tensor(list(uninterrupted.values()))))
+    final = out / f"step_{NUM_STEPS}"
+
+    # transformers (and PEFT) load what was written
+    trained = _load_strict(final)
+    if lora is not None:
+        _check_peft(family, method, data, final, lora)
+
+    # resume, with the config's own seed setting, from a copy holding the run only up to step 2
+    resumed_out = _crashed_copy(out, tmp_path / "resumed")
+    overrides = _overrides(family, method, data, resumed_out, adapter)
+    run_recipe(recipe, config, [*overrides, "resume_from_checkpoint=True"], cwd=tmp_path, timeout=300)
+    resumed = _losses(resumed_out)
+    assert sorted(resumed) == list(range(RESUME_FROM + 1, NUM_STEPS + 1))
+    for step, loss in resumed.items():  # same data order, optimizer state, LR schedule and RNG
+        assert loss == pytest.approx(uninterrupted[step], abs=1e-6, rel=0), (step, resumed, uninterrupted)
+    resumed_model = _load_strict(resumed_out / f"step_{NUM_STEPS}")
+    for (name, param), (_, expected) in zip(resumed_model.named_parameters(), trained.named_parameters()):
+        torch.testing.assert_close(param, expected, atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, method", DIST_CASES, ids=[f"{f}-{m}" for f, m in DIST_CASES])
+def test_shipped_distributed_config_trains_resumes_and_loads_in_hf(family_assets, tmp_path, family, method):
+    spec = assets.FAMILIES[family]
+    data = family_assets(family)
+    config = _copy_config(spec.distributed[method], tmp_path)
+    lora = _lora_node(config) if method != "full" else None
+    adapter = _initial_adapter(family, data / "hf", lora, tmp_path / "initial_adapter") if lora else None
+    recipe = DIST_RECIPES[method]
+
+    out = tmp_path / "run"
+    run_distributed(recipe, config, _overrides(family, method, data, out, adapter), cwd=tmp_path)
+    uninterrupted = _losses(out)
+    assert sorted(uninterrupted) == list(range(1, NUM_STEPS + 1))
+    final = out / f"step_{NUM_STEPS}"
+    trained = _load_strict(final)
+    if lora is not None:
+        _check_peft(family, method, data, final, lora)
+
+    resumed_out = _crashed_copy(out, tmp_path / "resumed")
+    overrides = _overrides(family, method, data, resumed_out, adapter)
+    run_distributed(recipe, config, [*overrides, "resume_from_checkpoint=True"], cwd=tmp_path)
+    resumed = _losses(resumed_out)
+    assert sorted(resumed) == list(range(RESUME_FROM + 1, NUM_STEPS + 1))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(uninterrupted[step], abs=1e-6, rel=0), (step, resumed, uninterrupted)
+    resumed_model = _load_strict(resumed_out / f"step_{NUM_STEPS}")
+    for (name, param), (_, expected) in zip(resumed_model.named_parameters(), trained.named_parameters()):
+        torch.testing.assert_close(param, expected, atol=1e-6, rtol=0, msg=name)
+
+
+def test_the_missing_shipped_configs_are_the_known_ones():
+    # llama3_3 ships only its 70B QLoRA single-device config; a new one must join SINGLE_CASES above
+    assert MISSING_SINGLE == [("llama3_3", "full"), ("llama3_3", "lora")]
+    for spec in assets.FAMILIES.values():
+        for relative in [*spec.configs.values(), *spec.distributed.values()]:
+            assert (assets.CONFIGS / relative).is_file(), relative
