@@ -9,6 +9,7 @@ import importlib
 from typing import Any
 
 from tune.utils._errors import TuneError
+from tune.utils._files import read_json_file
 from tune.utils._logging import get_logger, log_rank_zero
 from tune.utils._optional import import_optional, install_hint
 
@@ -24,6 +25,7 @@ __all__ = [
     "import_optional",
     "install_hint",
     "log_rank_zero",
+    "read_json_file",
 ]
 
 

@@ -2,12 +2,12 @@
 
 import bisect
 import itertools
-import json
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from tune import utils
 from tune.data._chat_formats import Segment
 from tune.utils import TuneError
 
@@ -328,13 +328,6 @@ def unreadable_file(path: "str | Path", what: str, error: BaseException, hint: s
 
 def read_json_file(path: "str | Path", what: str) -> dict:
     """Reads a tokenizer's JSON file (tokenizer_config.json, tokenizer.json's added tokens), naming it on error."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as error:
-        raise TokenizerFileError(
-            f"{what} {str(path)!r} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); "
-            "copy the file from the model's repository again."
-        ) from error
-    except (OSError, UnicodeDecodeError) as error:
-        raise TokenizerFileError(f"Could not read {what} {str(path)!r}: {error}.") from error
+    return utils.read_json_file(
+        path, what, error=TokenizerFileError, fix="copy the file from the model's repository again"
+    )

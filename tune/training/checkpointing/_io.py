@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from tune.training.checkpointing._constants import DOWNLOAD_RECORD_FILE
-from tune.utils import TuneError
+from tune.utils import TuneError, read_json_file
 
 
 class CheckpointError(TuneError, ValueError):
@@ -240,15 +240,9 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
     Raises:
         CheckpointError: when the file cannot be read or is not valid JSON, naming it and the line.
     """
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise CheckpointError(
-            f"{what} {path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}). The file "
-            "is corrupt or truncated; download or copy it again."
-        ) from error
-    except (OSError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"Could not read {what} {path}: {error}.") from error
+    return read_json_file(
+        path, what, error=CheckpointError, fix="the file is corrupt or truncated; download or copy it again"
+    )
 
 
 def fsync_file(path: str | Path) -> None:
