@@ -398,14 +398,15 @@ class FullFinetuneRecipeDistributed:
                 num_tokens = sum(training.num_loss_tokens(shift_labels(b["labels"])) for b in micro_batches)
                 loss_scale = training.step_loss_scale(num_tokens.to(device))
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
-                for batch in micro_batches:
+                for batch_index, batch in enumerate(micro_batches):
                     throughput.update(training.count_tokens(batch["tokens"], self._tokenizer.pad_id))
                     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                     with self._activations_ctx:
                         loss_sum, aux_metrics = self.loss_step(batch)
                     loss = loss_sum * loss_scale  # this rank's share of the step's mean over all loss tokens
                     step_loss += loss.detach()
-                    self._loss_check.record(step_loss)  # read before the optimizer step, once backward is queued
+                    if batch_index == self._gradient_accumulation_steps - 1:  # the step's loss, read once
+                        self._loss_check.record(step_loss)  # backward is queued, before the optimizer step
                     loss.backward()  # FSDP reduce-scatters (averages) the gradients over the data-parallel ranks
                 self._loss_check.check(self.global_step + 1)  # a NaN/inf loss stops the run before it is applied
                 grad_norm, optimizer_metrics = self._optimizer_step()

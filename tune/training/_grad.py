@@ -51,10 +51,11 @@ def check_loss_is_finite(loss: torch.Tensor | float, step: int) -> float:
 class FiniteLossCheck:
     """Stops training at the first step whose loss is NaN or infinite, before the optimizer applies that step.
 
-    Every step is checked, without making the device wait for the host: :meth:`record` is called after each
-    forward pass, before its backward, and queues a non-blocking copy of the step's loss so far to the host;
-    :meth:`check` is called once the last backward is queued and waits for that copy only, i.e. for the forward
-    pass, while the device works through the backward. On the CPU both are plain reads.
+    Every step is checked, without making the device wait for the host: :meth:`record` is called after the
+    step's last forward pass, before its backward, and queues a non-blocking copy of the step's loss to the host
+    (and, distributed, one all-reduce per step); :meth:`check` is called once that backward is queued and waits for
+    the copy only, i.e. for the forward pass, while the device works through the backward. On the CPU both are
+    plain reads.
 
     Args:
         device (torch.device): where the loss lives.
