@@ -24,6 +24,8 @@ _log = get_logger(__name__)
 _PIPELINE_VERSION = "2"
 # Below this many rows one process is faster than starting workers.
 _MIN_ROWS_PER_PROC = 10_000
+# Local JSON files up to this size are loaded by tune itself (see _load_local_json); larger ones by datasets.
+_FAST_JSON_MAX_BYTES = 256 * 2**20
 
 _FILE_BUILDERS = {
     ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text", ".arrow": "arrow",
@@ -53,6 +55,10 @@ def load_source(source: str, *, split: str, **load_dataset_kwargs: Any):
     if os.path.isfile(source) and suffix in _FILE_BUILDERS and "data_files" not in load_dataset_kwargs:
         load_dataset_kwargs["data_files"] = source
         source = _FILE_BUILDERS[suffix]
+    if source == "json" and set(load_dataset_kwargs) <= {"data_files", "cache_dir"}:
+        loaded = _load_local_json(load_dataset_kwargs.get("data_files"), split, load_dataset_kwargs.get("cache_dir"))
+        if loaded is not None:
+            return loaded
     try:
         if os.path.isdir(source) and os.path.isfile(os.path.join(source, "state.json")):
             loaded = datasets.load_from_disk(source)  # a dataset saved with save_to_disk
@@ -76,6 +82,82 @@ def load_source(source: str, *, split: str, **load_dataset_kwargs: Any):
             f"Dataset source {source!r} gave a {type(loaded).__name__}; pass split='train' (or another)."
         )
     return loaded
+
+
+def _json_rows(data: bytes) -> list | None:
+    """The rows of a JSON array or JSON Lines file, or None when it is neither (or not UTF-8)."""
+    import json
+
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+    try:
+        rows = json.loads(text)
+        return rows if isinstance(rows, list) else None
+    except json.JSONDecodeError:
+        pass
+    try:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError:
+        return None
+
+
+def _load_local_json(data_files: Any, split: str, cache_dir: str | None):
+    """Loads local JSON / JSON Lines files of objects the way ``load_dataset("json", ...)`` does, five times faster.
+
+    ``datasets``' JSON builder turns a JSON array into JSON Lines text and parses that again, and prepares a
+    builder and its cache directory: half a second for 50,000 Alpaca rows, more than the tokenising after it. Here
+    the files are parsed once with ``json`` into a table (columns: every key of any row, in first-seen order;
+    missing keys are null) and written once into the datasets cache as an Arrow file named by a hash of the files'
+    bytes, which ``Dataset.from_file`` maps; what follows (fingerprints, the cached tokenisation next to it) works
+    as for any cached dataset. Returns None, and the caller uses ``load_dataset``, for anything else: remote or
+    large files, files that do not parse (its error names the line), rows that are not objects or whose values
+    pyarrow cannot put in one column type.
+    """
+    import datasets
+    import pyarrow as pa
+
+    if isinstance(data_files, dict):
+        if set(data_files) != {split}:
+            return None
+        data_files = data_files[split]
+    files = [data_files] if isinstance(data_files, (str, os.PathLike)) else data_files
+    if not isinstance(files, (list, tuple)) or not files or len(_local_files(files)) != len(files):
+        return None
+    files = [str(f) for f in files]
+    if any(os.path.splitext(f)[1].lower() not in (".json", ".jsonl") for f in files):
+        return None
+    if sum(os.path.getsize(f) for f in files) > _FAST_JSON_MAX_BYTES:
+        return None
+    contents = []
+    digest = hashlib.sha256(f"tune-json-v{_PIPELINE_VERSION}|{len(files)}".encode())
+    for file in files:
+        with open(file, "rb") as f:
+            contents.append(f.read())
+        digest.update(hashlib.sha256(contents[-1]).digest())
+    directory = os.path.join(os.path.expanduser(cache_dir or datasets.config.HF_DATASETS_CACHE), "tune_json")
+    path = os.path.join(directory, f"{digest.hexdigest()[:32]}.arrow")
+    if not os.path.isfile(path):
+        rows: list = []
+        for data in contents:
+            parsed = _json_rows(data)
+            if parsed is None or not all(type(row) is dict for row in parsed):
+                return None
+            rows.extend(parsed)
+        if not rows:
+            return None
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        try:
+            table = pa.table({name: [row.get(name) for row in rows] for name in columns})
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+            return None  # mixed value types: datasets' builder decides (and says) what to do
+        os.makedirs(directory, exist_ok=True)
+        temp = f"{path}.{os.getpid()}.tmp"
+        with pa.OSFile(temp, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(temp, path)  # atomic: ranks building the same dataset at once each see a whole file
+    return datasets.Dataset.from_file(path, split=split)
 
 
 def _local_files(data_files: Any) -> list[str]:
@@ -304,6 +386,46 @@ def tokenize_rows(raw, function: Callable, *, features, num_proc: int, new_finge
         num_proc=num_proc if num_proc > 1 else None,
         new_fingerprint=new_fingerprint,
         desc=desc,
+    )
+
+
+def token_columns(samples, max_seq_len: int | None, eos_id: int):
+    """``tokens`` and ``labels`` list columns of tokenised samples, cut to ``max_seq_len`` as :func:`truncate` does,
+    and which samples were cut.
+
+    ``samples`` yields ``(tokens, mask)`` pairs (any sequences of ints and of bools; True = no loss). Every sample
+    is appended to one flat buffer in C (``array.extend``, ``bytearray.extend``) and the columns are built over the
+    flat arrays, without converting each token through pyarrow's per-element path.
+
+    Returns:
+        tuple: ``(tokens, labels, truncated)``: two pyarrow ``list<int32>`` arrays and a ``bool`` array.
+    """
+    import array
+
+    import pyarrow as pa
+
+    flat_tokens, flat_mask, lengths, cuts = array.array("i"), bytearray(), [], []
+    for tokens, mask in samples:
+        if max_seq_len is not None and len(tokens) > max_seq_len:
+            tokens, mask, cut = truncate(list(tokens), list(mask), max_seq_len, eos_id)
+        else:
+            cut = False
+        flat_tokens.extend(tokens)
+        flat_mask.extend(mask)
+        lengths.append(len(tokens))
+        cuts.append(cut)
+    if len(flat_mask) != len(flat_tokens):
+        raise ValueError("a tokenizer returned a mask whose length differs from its tokens'.")
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.frombuffer(flat_tokens, dtype=np.int32) if flat_tokens else np.zeros(0, np.int32)
+    masked = np.frombuffer(flat_mask, dtype=np.bool_) if flat_mask else np.zeros(0, np.bool_)
+    labels = np.where(masked, np.int32(CROSS_ENTROPY_IGNORE_IDX), values)
+    offsets_array = pa.array(offsets)
+    return (
+        pa.ListArray.from_arrays(offsets_array, pa.array(values)),
+        pa.ListArray.from_arrays(offsets_array, pa.array(labels)),
+        pa.array(cuts, pa.bool_()),
     )
 
 

@@ -63,20 +63,9 @@ class _TokenizeConversations:
     def _tokenize(self, batch: dict[str, list], indices: list[int]):
         import pyarrow as pa
 
-        tokens, masks, cuts = [], [], []
-        eos_id = self.tokenizer.eos_id
-        for sample_tokens, sample_mask in self._encode_batch(_hf.rows_of(batch), indices):
-            if type(sample_tokens) is not list or type(sample_mask) is not list:  # truncate needs lists
-                sample_tokens, sample_mask = list(sample_tokens), list(sample_mask)
-            sample_tokens, sample_mask, cut = _hf.truncate(sample_tokens, sample_mask, self.max_seq_len, eos_id)
-            tokens.append(sample_tokens)
-            masks.append(sample_mask)
-            cuts.append(cut)
-        return pa.table({
-            "tokens": _hf.list_column(tokens),
-            "labels": _hf.list_column(tokens, masks),
-            "truncated": pa.array(cuts, pa.bool_()),
-        })  # fmt: skip
+        samples = self._encode_batch(_hf.rows_of(batch), indices)
+        tokens, labels, cuts = _hf.token_columns(samples, self.max_seq_len, self.tokenizer.eos_id)
+        return pa.table({"tokens": tokens, "labels": labels, "truncated": cuts})
 
 
 def _sft_features():

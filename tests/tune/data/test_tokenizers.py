@@ -53,14 +53,20 @@ class TestSentencePiece:
             rng.shuffle(words)
             text = "".join(w + rng.choice(gaps) for w in words[: rng.randint(1, 12)])
             texts.append(rng.choice(["", " ", "\n", "  "]) + text + rng.choice(["", " ", "\n"]))
-        assert (
-            sp._by_words
-            and not SentencePieceBaseTokenizer(sentencepiece_model(False, True) / "tokenizer.model")._by_words
-        )  # Gemma's model (no dummy prefix, user-defined pieces) is always encoded whole
+        assert sp._by_words and sp._dummy_prefix
         expected = [sp._sp.encode(text) for text in texts]
         assert sp._encode_batch(texts[:150]) == expected[:150]
         assert sp._encode_batch(texts) == expected  # half the words now come from the cache
         assert sp._later_words and "_later_words" not in sp.__getstate__()  # never part of a pickle or cache key
+        # Gemma's model: no dummy prefix, and user-defined pieces (<start_of_turn>, matched before merging, also
+        # inside a word: such texts are encoded whole)
+        gemma = SentencePieceBaseTokenizer(sentencepiece_model(False, True) / "tokenizer.model")
+        assert gemma._by_words and not gemma._dummy_prefix and "<start_of_turn>" in gemma._user_pieces
+        marked = [t.replace("x", "x<start_of_turn>", 1) if i % 7 == 0 else t for i, t in enumerate(texts)]
+        expected = [gemma._sp.encode(text) for text in marked]
+        assert gemma._encode_batch(marked[:150]) == expected[:150]
+        assert gemma._encode_batch(marked) == expected
+        assert any("<start_of_turn>" in t for t in marked) and gemma._later_words
         # Llama 2's vocabulary has whitespace-only pieces ("▁▁", "▁▁▁▁") that merge across single spaces: so does
         # this one, trained on indented text, and its runs of spaces must still encode exactly
         indented = self._indented_model(tmp_path, lines)
@@ -216,25 +222,27 @@ def test_flags_from_lengths_follow_the_token_flags_rule():
     assert byte_runs([Segment("ab", False), Segment("é", True)]) == ("abé", [(2, False), (4, True)])
 
 
-@pytest.mark.parametrize("dummy_prefix", [True, False])
-def test_sentencepiece_masks_from_token_lengths_equal_masks_from_offsets(dummy_prefix):
-    # SentencePiece models that encode by words compute the flags of mixed texts from each piece's byte length;
-    # the result must equal the flags from SentencePiece's own offsets (token_flags), text by text
+@pytest.mark.parametrize("dummy_prefix,gemma", [(True, False), (False, False), (False, True)])
+def test_sentencepiece_masks_from_token_lengths_equal_masks_from_offsets(dummy_prefix, gemma):
+    # SentencePiece models that encode by words (Llama 2's with a dummy prefix, Gemma's without) compute the flags
+    # of mixed texts from each piece's byte length; the result must equal the flags from SentencePiece's own
+    # offsets (token_flags), text by text
     from tests.tune.data._tiny_tokenizers import corpus
 
-    sp = SentencePieceBaseTokenizer(sentencepiece_model(dummy_prefix=dummy_prefix) / "tokenizer.model")
-    assert (sp._piece_byte_lengths() is not None) == dummy_prefix
+    sp = SentencePieceBaseTokenizer(sentencepiece_model(dummy_prefix=dummy_prefix, gemma=gemma) / "tokenizer.model")
+    assert sp._piece_byte_lengths() is not None
+    bos, eos = sp._sp.id_to_piece(sp.bos_id), sp._sp.id_to_piece(sp.eos_id)
     rng = random.Random(1)
     lines = list(corpus())
     conversations = []
     for _ in range(300):  # several texts per conversation, split at random characters, flags at random
-        segments = [Segment("<s>", False, special=True)] if rng.random() < 0.5 else []
+        segments = [Segment(bos, False, special=True)] if rng.random() < 0.5 else []
         for _ in range(rng.randint(1, 4)):
             text = rng.choice(lines) + rng.choice(["", " ", "\n", "  x", " é", "\u2581y"])
             cuts = sorted(rng.sample(range(1, len(text)), min(3, len(text) - 1)))
             for a, b in zip([0, *cuts], [*cuts, len(text)]):
                 segments.append(Segment(text[a:b], rng.random() < 0.5))
-            segments.append(Segment("</s>", rng.random() < 0.5, special=True))
+            segments.append(Segment(eos, rng.random() < 0.5, special=True))
         conversations.append(segments)
     fast = sp.encode_segments_batch(conversations)
     by_offsets = encode_chunked_batch(

@@ -24,3 +24,46 @@ def test_unparseable_file_names_it(tmp_path, monkeypatch, name):
         load_source(str(path), split="train")
     assert str(path) in str(info.value) and isinstance(info.value, TuneError)
     assert "\n" not in str(info.value)
+
+
+# ---- local JSON files are loaded by tune itself (tune.datasets._hf._load_local_json): same table as datasets' ------
+
+GOOD_FILES = {
+    "rows.json": '[{"instruction": "a", "input": "", "output": "x"},\n'
+    ' {"instruction": "b", "input": "i", "output": "y"}]',
+    "rows.jsonl": '{"instruction": "a", "output": "x"}\n\n{"instruction": "b", "input": "i", "output": "y"}\n',
+    "nested.jsonl": '{"messages": [{"role": "user", "content": "hi"}], "n": 1}\n{"messages": [], "n": 2.5}\n',
+    "bom.json": '\ufeff[{"text": "a"}, {"text": null}]',
+}
+
+
+@pytest.mark.parametrize("name", GOOD_FILES)
+def test_local_json_loads_as_datasets_does(tmp_path, name):
+    import datasets
+
+    path = tmp_path / name
+    path.write_text(GOOD_FILES[name], encoding="utf-8")
+    ours = load_source("json", split="train", data_files=str(path), cache_dir=str(tmp_path / "ours"))
+    assert ours.cache_files[0]["filename"].startswith(str(tmp_path / "ours" / "tune_json"))  # the fast path ran
+    theirs = datasets.load_dataset("json", split="train", data_files=str(path), cache_dir=str(tmp_path / "theirs"))
+    assert ours.column_names == theirs.column_names and ours.features == theirs.features
+    assert ours.to_list() == theirs.to_list()
+    # a second load maps the same file (no parsing); a changed file is parsed afresh
+    again = load_source("json", split="train", data_files=str(path), cache_dir=str(tmp_path / "ours"))
+    assert again.cache_files == ours.cache_files and again._fingerprint == ours._fingerprint
+    path.write_text(GOOD_FILES[name].replace("a", "A"), encoding="utf-8")
+    changed = load_source("json", split="train", data_files=str(path), cache_dir=str(tmp_path / "ours"))
+    assert changed._fingerprint != ours._fingerprint and changed.to_list() != ours.to_list()
+
+
+def test_local_json_with_mixed_types_is_left_to_datasets(tmp_path):
+    # a column that is text in one row and a number in another: pyarrow cannot type it, so datasets' builder
+    # loads the file (its rules: here, the number as text) and tune writes nothing of its own
+    import datasets
+
+    path = tmp_path / "mixed.json"
+    path.write_text('[{"a": "x"}, {"a": 1}]')
+    ours = load_source(str(path), split="train", cache_dir=str(tmp_path / "cache"))
+    theirs = datasets.load_dataset("json", split="train", data_files=str(path), cache_dir=str(tmp_path / "theirs"))
+    assert ours.to_list() == theirs.to_list()
+    assert not list((tmp_path / "cache").glob("tune_json/*"))

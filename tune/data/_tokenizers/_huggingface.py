@@ -1,18 +1,25 @@
 """Tokenizers shipped as Hugging Face ``tokenizer.json`` (+ ``tokenizer_config.json``): Qwen, Phi-3, and others."""
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tune.data._chat_formats import Segment
+from tune.data._tokenizers._byte_level import CHECKED_TEXTS, ByteLevelEngine
 from tune.data._tokenizers._utils import (
     TokenizerFileError,
     char_flags,
+    encode_chunked_batch,
     read_json_file,
     require_file,
     token_flags_batch,
     unreadable_file,
 )
+
+
+class _EngineDisagrees(Exception):
+    pass
 
 
 def _token_content(value: Any) -> str | None:
@@ -160,11 +167,18 @@ class HuggingFaceBaseTokenizer:
         return self.encode_segments_batch([segments])[0]
 
     def encode_segments_batch(self, conversations: Sequence[Sequence[Segment]]) -> list[tuple[list[int], list[bool]]]:
-        """:meth:`encode_segments` of several conversations, encoded in one (multithreaded) ``encode_batch``."""
-        texts, all_flags = [], []
+        """:meth:`encode_segments` of several conversations, encoded in one (multithreaded) ``encode_batch``, or
+        with tiktoken for a byte-level BPE (see ``_byte_level``: the same ids, several times faster)."""
         for segments in conversations:
             for segment in segments:
                 self._check_segment(segment)
+        engine = self._byte_level_engine()
+        if engine is not None and all(s.text in engine.added for c in conversations for s in c if s.special):
+            encoded = self._encode_with_engine(engine, conversations)
+            if encoded is not None:
+                return encoded
+        texts, all_flags = [], []
+        for segments in conversations:
             text, flags = char_flags(segments)
             texts.append(text)
             all_flags.append(flags)
@@ -172,6 +186,49 @@ class HuggingFaceBaseTokenizer:
         ids = [encoding.ids for encoding in encodings]
         offsets = [encoding.offsets for encoding in encodings]
         return list(zip(ids, token_flags_batch(offsets, all_flags, ids, self._added)))
+
+    def _byte_level_engine(self) -> ByteLevelEngine | None:
+        engine = self.__dict__.get("_engine", False)
+        if engine is False:  # built on first use: reading a 150k-token vocabulary costs a fraction of a second
+            engine = self._engine = ByteLevelEngine.for_tokenizer(self._chat)
+        return engine
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_engine", None)  # rebuilt where it is used; the pickled state (a cache key) stays the same
+        return state
+
+    def _encode_with_engine(self, engine: ByteLevelEngine, conversations: Sequence[Sequence[Segment]]):
+        """The conversations' texts between special tokens encoded by the engine (None when it disagrees with
+        ``tokenizers`` on this batch's first texts: it is then dropped for good)."""
+        checked = []
+
+        def encode_batch(texts: list[str]) -> list[list[int]]:
+            if not checked:
+                if not engine.agrees_with(self._chat, texts[:CHECKED_TEXTS]):
+                    raise _EngineDisagrees
+                checked.append(True)
+            return engine.encode_batch(texts)
+
+        try:
+            return encode_chunked_batch(
+                conversations, self.token_id, encode_batch, self._encode_with_byte_offsets_batch,
+                token_lengths=engine.token_lengths,
+            )  # fmt: skip
+        except _EngineDisagrees:
+            self._engine = None
+            return None
+
+    def _encode_with_byte_offsets_batch(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Ids and UTF-8 byte spans (``tokenizers`` gives character spans) of each text."""
+        out = []
+        for text, encoding in zip(texts, self._chat.encode_batch(texts, add_special_tokens=False)):
+            offsets = encoding.offsets
+            if not text.isascii():
+                at = [0, *itertools.accumulate(len(c.encode("utf-8")) for c in text)]
+                offsets = [(at[start], at[end]) for start, end in offsets]
+            out.append((encoding.ids, offsets))
+        return out
 
     def _check_segment(self, segment: Segment) -> None:
         if segment.separate:

@@ -24,15 +24,17 @@ _SPANS_BOUNDARY = re.compile("[^\u2581]\u2581")
 _MAX_CACHED_WORDS = 200_000
 
 
-def _splits_at_words(serialized_model: bytes) -> bool:
-    """Whether this SentencePiece model encodes a text as the concatenation of its words' encodings.
+def _splits_at_words(serialized_model: bytes) -> "tuple[bool, tuple[str, ...]] | None":
+    """Whether this SentencePiece model encodes a text as the concatenation of its words' encodings: None when it
+    does not, else ``(dummy_prefix, user_pieces)``: whether it adds a dummy prefix, and its user-defined pieces.
 
     SentencePiece BPE merges adjacent symbols whose concatenation is a piece, best score first. When no piece
     contains "▁" after another character, no merge crosses the start of a space-led word, so each word's merges
     happen exactly as they would if it were encoded alone; unknown characters fall back to bytes one by one.
-    That holds for a BPE model with byte fallback, identity normalisation, no whitespace collapsing, whitespace
-    as a prefix, no user-defined pieces (matched before merging, across words), which is how Llama 2 and
-    Mistral's models are built. Anything else is encoded whole.
+    That holds for a BPE model with byte fallback, identity normalisation, no whitespace collapsing and whitespace
+    as a prefix, which is how Llama 2, Mistral (dummy prefix) and Gemma (none) build theirs. User-defined pieces
+    (Gemma's ``<start_of_turn>``) are matched before merging, so a text holding one is encoded whole; a model with
+    one that holds whitespace is not split at all. Anything else is encoded whole.
     """
     from sentencepiece import sentencepiece_model_pb2
 
@@ -47,10 +49,14 @@ def _splits_at_words(serialized_model: bytes) -> bool:
         and not normalizer.precompiled_charsmap
         and not normalizer.remove_extra_whitespaces
         and normalizer.escape_whitespaces
-        and normalizer.add_dummy_prefix
     ):
-        return False
-    return not any(piece.type == piece.USER_DEFINED or _SPANS_BOUNDARY.search(piece.piece) for piece in model.pieces)
+        return None
+    user_pieces = tuple(piece.piece for piece in model.pieces if piece.type == piece.USER_DEFINED)
+    if any(_SPANS_BOUNDARY.search(piece.piece) for piece in model.pieces) or any(
+        "\u2581" in piece or any(c.isspace() for c in piece) for piece in user_pieces
+    ):
+        return None
+    return bool(normalizer.add_dummy_prefix), user_pieces
 
 
 class SentencePieceBaseTokenizer:
@@ -100,7 +106,9 @@ class SentencePieceBaseTokenizer:
         # SentencePiece puts its dummy prefix only at the very start, and a newline never merges with what follows.
         self._encodes_whitespace = any(self._sp.encode(c) for c in _WHITESPACE_CHARS)
         self._num_newline_tokens = len(self._sp.encode("\n"))
-        self._by_words = _splits_at_words(self._sp.serialized_model_proto())
+        words = _splits_at_words(self._sp.serialized_model_proto())
+        self._by_words = words is not None
+        self._dummy_prefix, self._user_pieces = words if words is not None else (True, ())
         self._first_words: dict[str, tuple[int, ...]] = {}
         self._later_words: dict[str, tuple[int, ...]] = {}
 
@@ -225,7 +233,7 @@ class SentencePieceBaseTokenizer:
         if "\u2581" in text:
             return None
         lengths = list(map(self._piece_bytes.__getitem__, ids))
-        if lengths:
+        if lengths and self._dummy_prefix:
             lengths[0] -= 1
         return lengths
 
@@ -243,10 +251,11 @@ class SentencePieceBaseTokenizer:
         """Encodes texts word by word from a cache (see :func:`_splits_at_words`): the same ids as encoding each
         text whole, without running BPE again on words seen before.
 
-        A text is split at single spaces (``text.split(" ")``): its first word is encoded with the dummy prefix,
-        each later word as it reads mid-text, ``" " + word`` after a newline whose tokens are dropped. Texts with
-        a leading space, a run of spaces or a literal "▁" (where a word boundary could fall inside a piece such
-        as "▁▁") are encoded whole.
+        A text is split at single spaces (``text.split(" ")``): its first word is encoded as a text (with the dummy
+        prefix, when the model adds one), each later word as it reads mid-text: ``" " + word``, after a newline
+        whose tokens are dropped when the model adds a dummy prefix. Texts with a leading space, a run of spaces,
+        a literal "▁" (where a word boundary could fall inside a piece such as "▁▁") or a user-defined piece are
+        encoded whole.
         """
         first, later = self._first_words, self._later_words
         if len(later) > _MAX_CACHED_WORDS:
@@ -254,8 +263,9 @@ class SentencePieceBaseTokenizer:
             later.clear()
         out: list = [None] * len(texts)
         whole, by_words, words = [], [], []
+        user_pieces = self._user_pieces
         for index, text in enumerate(texts):
-            if text[:1] == " " or "  " in text or "\u2581" in text:
+            if text[:1] == " " or "  " in text or "\u2581" in text or any(p in text for p in user_pieces):
                 whole.append(index)
             else:
                 by_words.append(index)
@@ -263,8 +273,8 @@ class SentencePieceBaseTokenizer:
         new_first = list({w[0] for w in words} - first.keys())
         first.update(zip(new_first, map(tuple, self._encode_whole(new_first))))
         new_later = list(set(itertools.chain.from_iterable(words)) - later.keys())
-        drop = self._num_newline_tokens
-        encoded = self._encode_whole(["\n " + word for word in new_later])
+        lead, drop = ("\n ", self._num_newline_tokens) if self._dummy_prefix else (" ", 0)
+        encoded = self._encode_whole([lead + word for word in new_later])
         later.update(zip(new_later, (tuple(ids[drop:]) for ids in encoded)))
         chain, get, rest = itertools.chain.from_iterable, later.__getitem__, itertools.islice
         for index, w in zip(by_words, words):
