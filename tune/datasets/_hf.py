@@ -429,6 +429,37 @@ def token_columns(samples, max_seq_len: int | None, eos_id: int):
     )
 
 
+def flat_token_columns(encoded, max_seq_len: int | None, eos_id: int):
+    """:func:`token_columns` of a :class:`~tune.data._tokenizers._utils.FlatEncoding` (conversations end to end,
+    a trained flag per token), with the same truncation, in array operations over all samples at once."""
+    import pyarrow as pa
+
+    tokens = np.frombuffer(encoded.tokens, dtype=np.int32) if len(encoded.tokens) else np.zeros(0, np.int32)
+    trained = np.frombuffer(encoded.trainable, dtype=np.bool_) if len(encoded.trainable) else np.zeros(0, np.bool_)
+    if len(trained) != len(tokens):
+        raise ValueError("a tokenizer returned trainable flags whose length differs from its tokens'.")
+    lengths = np.asarray(encoded.lengths, dtype=np.int64)
+    cuts = lengths > max_seq_len if max_seq_len is not None else np.zeros(len(lengths), dtype=np.bool_)
+    if cuts.any():
+        starts = np.cumsum(lengths) - lengths
+        ends_with_eos = tokens[starts + lengths - 1] == eos_id
+        position = np.arange(len(tokens)) - np.repeat(starts, lengths)
+        keep = position < max_seq_len
+        tokens, trained = tokens[keep], trained[keep]  # copies: the buffers stay as they were
+        lengths = np.minimum(lengths, max_seq_len)
+        last = (np.cumsum(lengths) - 1)[cuts & ends_with_eos]
+        tokens[last], trained[last] = eos_id, False  # the text did not end there: a forced EOS, not trained
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    labels = np.where(trained, tokens, np.int32(CROSS_ENTROPY_IGNORE_IDX))
+    offsets_array = pa.array(offsets)
+    return (
+        pa.ListArray.from_arrays(offsets_array, pa.array(tokens)),
+        pa.ListArray.from_arrays(offsets_array, pa.array(labels)),
+        pa.array(cuts, pa.bool_()),
+    )
+
+
 def list_column(sequences: list[list[int]], mask: list[list[bool]] | None = None):
     """A pyarrow ``list<int32>`` column, converted by pyarrow in one call (no per-element Python work).
 

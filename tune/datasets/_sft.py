@@ -5,6 +5,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from tune.data import FlatSequences, ModelTokenizer
+from tune.data._tokenizers._utils import FlatEncoding
 from tune.datasets import _hf
 from tune.utils import get_logger
 
@@ -38,11 +39,15 @@ class _TokenizeConversations:
                 return _hf.row_error(self.source, index, row, err, required)
         return _hf.DatasetError(f"Dataset {self.source!r}: tokenising rows {indices[0]}..{indices[-1]} failed.")
 
-    def _encode_batch(self, rows: list[dict], indices: list[int]) -> list[tuple[list[int], list[bool]]]:
-        """Tokens and masks of all rows; one batch call to the tokenizer when it has ``tokenize_messages_batch``."""
+    def _encode_batch(self, rows: list[dict], indices: list[int]):
+        """Tokens and masks of all rows: end to end from ``tokenize_messages_flat`` when the tokenizer has it, else
+        one ``(tokens, mask)`` pair per row, from one ``tokenize_messages_batch`` call when it has that."""
+        flat_tokenize = getattr(self.tokenizer, "tokenize_messages_flat", None)
         batch_tokenize = getattr(self.tokenizer, "tokenize_messages_batch", None)
         try:
             conversations = [self.message_transform(row)["messages"] for row in rows]
+            if flat_tokenize is not None:
+                return flat_tokenize(conversations)
             if batch_tokenize is not None:
                 return batch_tokenize(conversations)
             return [self.tokenizer.tokenize_messages(messages) for messages in conversations]
@@ -64,7 +69,10 @@ class _TokenizeConversations:
         import pyarrow as pa
 
         samples = self._encode_batch(_hf.rows_of(batch), indices)
-        tokens, labels, cuts = _hf.token_columns(samples, self.max_seq_len, self.tokenizer.eos_id)
+        if isinstance(samples, FlatEncoding):
+            tokens, labels, cuts = _hf.flat_token_columns(samples, self.max_seq_len, self.tokenizer.eos_id)
+        else:
+            tokens, labels, cuts = _hf.token_columns(samples, self.max_seq_len, self.tokenizer.eos_id)
         return pa.table({"tokens": tokens, "labels": labels, "truncated": cuts})
 
 

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from tune.data._chat_formats import ChatFormat, Segment, validate_messages
 from tune.data._messages import Message
-from tune.data._tokenizers._utils import truncate
+from tune.data._tokenizers._utils import FlatEncoding, truncate
 
 PromptTemplate = Callable[[list[Message]], list[Message]]
 
@@ -188,6 +188,9 @@ class ChatTokenizer:
             TypeError: as :meth:`tokenize_messages`.
             ValueError: as :meth:`tokenize_messages` (for the first bad conversation).
         """
+        if self.max_seq_len is None and hasattr(self.tokenizer, "encode_segments_flat"):
+            return [(tokens, list(map(operator.not_, trained))) for tokens, trained in
+                    self.tokenize_messages_flat(conversations, add_end_tokens=add_end_tokens).split()]  # fmt: skip
         rendered = [self.render(messages, add_end_tokens=add_end_tokens) for messages in conversations]
         results = []
         for tokens, trainable in self.tokenizer.encode_segments_batch(rendered):
@@ -197,6 +200,22 @@ class ChatTokenizer:
                 mask = truncate(mask, self.max_seq_len, True if add_end_tokens else None)
             results.append((tokens, mask))
         return results
+
+    def tokenize_messages_flat(
+        self, conversations: Sequence[Sequence[Message]], *, add_end_tokens: bool = True
+    ) -> FlatEncoding:
+        """:meth:`tokenize_messages_batch` with the conversations end to end and NOT truncated (the datasets cut
+        and count samples themselves): one int32 array of tokens, one byte per token that is 1 where the token
+        gets a loss (the opposite of a mask), and each conversation's length. No Python list per conversation.
+
+        Raises:
+            TypeError, ValueError: as :meth:`tokenize_messages`.
+        """
+        rendered = [self.render(messages, add_end_tokens=add_end_tokens) for messages in conversations]
+        encode_flat = getattr(self.tokenizer, "encode_segments_flat", None)
+        if encode_flat is None:  # a text tokenizer of one's own with only the list API
+            return FlatEncoding.join(self.tokenizer.encode_segments_batch(rendered))
+        return encode_flat(rendered)
 
     def __call__(self, sample: Mapping[str, Any], inference: bool = False) -> dict[str, Any]:
         """Tokenizes ``sample["messages"]``; returns the sample with ``tokens`` and ``mask`` added.

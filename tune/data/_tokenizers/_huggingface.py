@@ -8,9 +8,10 @@ from typing import Any
 from tune.data._chat_formats import Segment
 from tune.data._tokenizers._byte_level import CHECKED_TEXTS, ByteLevelEngine
 from tune.data._tokenizers._utils import (
+    FlatEncoding,
     TokenizerFileError,
     char_flags,
-    encode_chunked_batch,
+    encode_chunked_flat,
     read_json_file,
     require_file,
     token_flags_batch,
@@ -169,6 +170,10 @@ class HuggingFaceBaseTokenizer:
     def encode_segments_batch(self, conversations: Sequence[Sequence[Segment]]) -> list[tuple[list[int], list[bool]]]:
         """:meth:`encode_segments` of several conversations, encoded in one (multithreaded) ``encode_batch``, or
         with tiktoken for a byte-level BPE (see ``_byte_level``: the same ids, several times faster)."""
+        return self.encode_segments_flat(conversations).split()
+
+    def encode_segments_flat(self, conversations: Sequence[Sequence[Segment]]) -> FlatEncoding:
+        """:meth:`encode_segments_batch` with the conversations end to end (see :class:`FlatEncoding`)."""
         for segments in conversations:
             for segment in segments:
                 self._check_segment(segment)
@@ -185,7 +190,7 @@ class HuggingFaceBaseTokenizer:
         encodings = self._chat.encode_batch(texts, add_special_tokens=False)
         ids = [encoding.ids for encoding in encodings]
         offsets = [encoding.offsets for encoding in encodings]
-        return list(zip(ids, token_flags_batch(offsets, all_flags, ids, self._added)))
+        return FlatEncoding.join(list(zip(ids, token_flags_batch(offsets, all_flags, ids, self._added))))
 
     def _byte_level_engine(self) -> ByteLevelEngine | None:
         engine = self.__dict__.get("_engine", False)
@@ -211,7 +216,7 @@ class HuggingFaceBaseTokenizer:
             return engine.encode_batch(texts)
 
         try:
-            return encode_chunked_batch(
+            return encode_chunked_flat(
                 conversations, self.token_id, encode_batch, self._encode_with_byte_offsets_batch,
                 token_lengths=engine.token_lengths,
             )  # fmt: skip

@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._utils import encode_chunked_batch, require_file, unreadable_file
+from tune.data._tokenizers._utils import FlatEncoding, encode_chunked_flat, require_file, unreadable_file
 
 _OTHER_KINDS = (
     " A Llama 3 tokenizer.model is a tiktoken file and a tokenizer.json needs the Hugging Face loader: use the "
@@ -205,7 +205,11 @@ class SentencePieceBaseTokenizer:
 
     def encode_segments_batch(self, conversations: Sequence[Sequence[Segment]]) -> list[tuple[list[int], list[bool]]]:
         """:meth:`encode_segments` of several conversations, their texts encoded in one SentencePiece call."""
-        return encode_chunked_batch(
+        return self.encode_segments_flat(conversations).split()
+
+    def encode_segments_flat(self, conversations: Sequence[Sequence[Segment]]) -> FlatEncoding:
+        """:meth:`encode_segments_batch` with the conversations end to end (see :class:`FlatEncoding`)."""
+        return encode_chunked_flat(
             conversations, self.token_id, self._encode_batch, self._encode_with_offsets_batch, self._rstrip,
             self._prepare_separate, self._token_lengths if self._piece_byte_lengths() is not None else None,
         )  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._utils import TokenizerFileError, encode_chunked_batch, require_file
+from tune.data._tokenizers._utils import FlatEncoding, TokenizerFileError, encode_chunked_flat, require_file
 
 # tiktoken is quadratic on very long runs of whitespace (or of non-whitespace), and refuses strings over ~400k
 # characters; long inputs are cut into pieces that stay under both limits before encoding.
@@ -174,11 +174,15 @@ class TikTokenBaseTokenizer:
         return self.encode_segments_batch([segments])[0]
 
     def encode_segments_batch(self, conversations: Sequence[Sequence[Segment]]) -> list[tuple[list[int], list[bool]]]:
-        """:meth:`encode_segments` of several conversations, their texts encoded in one tiktoken batch call.
+        """:meth:`encode_segments` of several conversations, their texts encoded in one batch.
 
         A ``separate`` segment needs no trimming here: tiktoken adds no space before a text.
         """
-        return encode_chunked_batch(
+        return self.encode_segments_flat(conversations).split()
+
+    def encode_segments_flat(self, conversations: Sequence[Sequence[Segment]]) -> FlatEncoding:
+        """:meth:`encode_segments_batch` with the conversations end to end (see :class:`FlatEncoding`)."""
+        return encode_chunked_flat(
             conversations, self.token_id, self._encode_batch, self._encode_with_offsets_batch,
             token_lengths=self._token_lengths,
         )  # fmt: skip

@@ -1,9 +1,11 @@
 """Helpers shared by the text tokenizers: truncation and turning rendered segments into tokens plus flags."""
 
+import array
 import bisect
 import itertools
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -142,9 +144,14 @@ def flags_from_lengths(lengths: Sequence[int], runs: Sequence[tuple[int, bool]])
     Same rule as :func:`token_flags` (trained when any byte it covers is; an empty token takes the flag of the
     byte at its start), in O(runs x log tokens) list operations instead of a pass over every byte.
     """
+    return list(map(bool, _length_flags(lengths, runs)))
+
+
+def _length_flags(lengths: Sequence[int], runs: Sequence[tuple[int, bool]]) -> bytearray:
+    """:func:`flags_from_lengths` as one byte (0 or 1) per token."""
     ends = list(itertools.accumulate(lengths))
     num_tokens = len(ends)
-    out = [False] * num_tokens
+    out = bytearray(num_tokens)
     if not num_tokens or not runs:
         return out
     start = 0
@@ -152,7 +159,7 @@ def flags_from_lengths(lengths: Sequence[int], runs: Sequence[tuple[int, bool]])
         if trained and end > start:
             first = bisect.bisect_right(ends, start)  # first token ending after the run starts
             stop = min(bisect.bisect_left(ends, end) + 1, num_tokens)  # past the last token starting before its end
-            out[first:stop] = [True] * (stop - first)
+            out[first:stop] = b"\x01" * (stop - first)
         start = end
     if 0 in lengths:  # an empty token (SentencePiece's dummy-prefix "▁" alone) takes the flag at its position
         last = runs[-1][0] - 1
@@ -242,6 +249,54 @@ def encode_chunked_batch(
     prepare_separate: PrepareSeparate = _no_prefix,
     token_lengths: Callable[[str, list[int]], "list[int] | None"] | None = None,
 ) -> list[tuple[list[int], list[bool]]]:
+    """:func:`encode_chunked_flat`, one ``(tokens, trainable)`` pair of lists per conversation."""
+    return encode_chunked_flat(
+        conversations, special_id, encode_batch, encode_with_offsets_batch, rstrip, prepare_separate, token_lengths
+    ).split()
+
+
+class FlatEncoding(NamedTuple):
+    """Several encoded conversations end to end: what datasets store, without a Python list per conversation.
+
+    Attributes:
+        tokens (array.array): all token ids (``"i"``: int32), conversation after conversation.
+        trainable (bytearray): one byte per token, 1 where the token gets a loss.
+        lengths (list[int]): tokens per conversation.
+    """
+
+    tokens: array.array
+    trainable: bytearray
+    lengths: list[int]
+
+    def split(self) -> list[tuple[list[int], list[bool]]]:
+        """One ``(tokens, trainable)`` pair of lists per conversation."""
+        out, start = [], 0
+        for length in self.lengths:
+            end = start + length
+            out.append((self.tokens[start:end].tolist(), list(map(bool, self.trainable[start:end]))))
+            start = end
+        return out
+
+    @classmethod
+    def join(cls, encoded: Sequence[tuple[Sequence[int], Sequence[bool]]]) -> "FlatEncoding":
+        """The flat form of ``(tokens, trainable)`` pairs."""
+        tokens, trainable, lengths = array.array("i"), bytearray(), []
+        for ids, flags in encoded:
+            tokens.extend(ids)
+            trainable.extend(map(bool, flags))
+            lengths.append(len(ids))
+        return cls(tokens, trainable, lengths)
+
+
+def encode_chunked_flat(
+    conversations: Sequence[Sequence[Segment]],
+    special_id: Callable[[str], int],
+    encode_batch: Callable[[list[str]], list[list[int]]],
+    encode_with_offsets_batch: Callable[[list[str]], list[tuple[list[int], list[tuple[int, int]]]]],
+    rstrip: "frozenset[str]" = frozenset(),
+    prepare_separate: PrepareSeparate = _no_prefix,
+    token_lengths: Callable[[str, list[int]], "list[int] | None"] | None = None,
+) -> FlatEncoding:
     """Encodes rendered conversations for tokenizers that split the text at special tokens first (SentencePiece,
     tiktoken), with one batch call to the backend for all the texts of all the conversations.
 
@@ -256,7 +311,7 @@ def encode_chunked_batch(
     (:func:`flags_from_lengths`).
 
     Returns:
-        list[tuple[list[int], list[bool]]]: ``(tokens, trainable)`` per conversation.
+        FlatEncoding: the conversations' tokens and trainable flags, end to end.
     """
     texts: list[str] = []
     mixed: list[tuple[str, bytearray]] = []
@@ -274,10 +329,10 @@ def encode_chunked_batch(
     ]
     encoded = encode_batch(texts) if texts else []
     mixed_encoded = encode_with_offsets_batch([text for text, _ in mixed]) if mixed else []
-    results = []
+    tokens, trainable, lengths = array.array("i"), bytearray(), []
+    on, off = b"\x01", b"\x00"
     for plan in plans:
-        tokens: list[int] = []
-        trainable: list[bool] = []
+        start = len(tokens)
         for part in plan:
             if part[0] == _SPECIAL:
                 tokens.append(part[1])
@@ -285,13 +340,13 @@ def encode_chunked_batch(
             elif part[0] == _TEXT:
                 ids = encoded[part[1]][part[3] :] if part[3] else encoded[part[1]]
                 tokens.extend(ids)
-                trainable.extend([part[2]] * len(ids))
+                trainable += (on if part[2] else off) * len(ids)
             elif part[0] == _MIXED_BY_LENGTHS:
                 ids = encoded[part[1]]
                 tokens.extend(ids)
-                lengths = token_lengths(texts[part[1]], ids)
-                if lengths is not None:
-                    trainable.extend(flags_from_lengths(lengths, part[2]))
+                lengths_of = token_lengths(texts[part[1]], ids)
+                if lengths_of is not None:
+                    trainable += _length_flags(lengths_of, part[2])
                 else:  # the tokenizer cannot tell the lengths for this text: take the offsets
                     ids, offsets = encode_with_offsets_batch([texts[part[1]]])[0]
                     trainable.extend(token_flags(offsets, _flags_of_runs(part[2])))
@@ -299,8 +354,8 @@ def encode_chunked_batch(
                 ids, offsets = mixed_encoded[part[1]]
                 tokens.extend(ids)
                 trainable.extend(token_flags(offsets, mixed[part[1]][1]))
-        results.append((tokens, trainable))
-    return results
+        lengths.append(len(tokens) - start)
+    return FlatEncoding(tokens, trainable, lengths)
 
 
 class TokenizerFileError(TuneError, ValueError):
