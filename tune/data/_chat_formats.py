@@ -23,14 +23,12 @@ Every format reproduces the chat template of a named Hugging Face repository; th
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from tune.data._messages import Message
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(NamedTuple):
     """A piece of a rendered conversation.
 
     Args:
