@@ -33,8 +33,10 @@ no such setting (one process).
 
 Reported per run: samples/s = samples / seconds from the builder call until every pack has been read (imports
 excluded, timed separately); peak RSS of the process itself and, separately, of its largest child (tune's
-tokenising workers); and a SHA-256 over all packs' tokens, equal on both sides when tokenisation and packing
-agree token for token. A table is printed and JSON written to ``--out``.
+tokenising workers); the peak proportional set size (PSS) of the whole process tree, sampled every 10 ms by the
+driver (what the run costs the machine: pages a forked worker shares with its parent count once); and a SHA-256
+over all packs' tokens, equal on both sides when tokenisation and packing agree token for token. A table is
+printed and JSON written to ``--out``.
 """
 
 import argparse
@@ -246,20 +248,59 @@ def _worker(
 # ---- driver -------------------------------------------------------------------------------------------------------
 
 
+def _tree_pss_kib(root: int) -> int:
+    """Proportional set size of ``root`` and all its descendants, in KiB (pages shared between them, such as the
+    libraries a forked worker shares with its parent, count once in total, split between the sharers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total
+
+
 def _run(python: str, system: str, args, data: Path, cache_dir: str) -> dict:
     cmd = [python, __file__, "--worker", system, "--data", str(data), "--tokenizer", str(args.tokenizer),
            "--max-seq-len", str(args.max_seq_len), "--cache-dir", cache_dir,
            "--num-proc", str(args.num_proc), "--family", args.family]  # fmt: skip
     env = dict(os.environ, TQDM_DISABLE="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1", TUNE_LOG_LEVEL="WARNING")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(REPO))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
+    peak = [0]
+
+    def sample() -> None:  # the whole process tree's memory, every 10 ms, until the worker exits
+        while proc.poll() is None:
+            peak[0] = max(peak[0], _tree_pss_kib(proc.pid))
+            time.sleep(0.01)
+
+    import threading
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = proc.communicate()
+    sampler.join()
     if proc.returncode:
-        raise RuntimeError(f"{system} worker failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{system} worker failed:\n{stderr[-3000:]}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result["peak_tree_pss_mib"] = peak[0] / 1024
+    return result
 
 
 def _table(results: list[dict], num_samples: int) -> str:
     columns = ["run", "samples/s", "build s", "import s", "packs", "peak RSS MiB", "largest child RSS MiB",
-               "tokenizer us/sample", "tokens sha256"]  # fmt: skip
+               "peak PSS of all processes MiB", "tokenizer us/sample", "tokens sha256"]  # fmt: skip
     rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     by_label: dict[str, list[dict]] = {}
     for r in results:
@@ -269,18 +310,21 @@ def _table(results: list[dict], num_samples: int) -> str:
         build = statistics.median(r["build_s"] for r in runs)
         rss = max(r["peak_rss_mib"] for r in runs)
         child = max(r["peak_child_rss_mib"] for r in runs)
-        summary[label] = (num_samples / build, rss)
+        pss = max(r.get("peak_tree_pss_mib", 0.0) for r in runs)
+        summary[label] = (num_samples / build, rss, pss)
         rows.append(
             f"| {label} (n={len(runs)}) | {num_samples / build:,.0f} | {build:.2f} | "
             f"{statistics.median(r['import_s'] for r in runs):.2f} | {runs[0]['num_packs']:,} | {rss:,.0f} | "
-            f"{child:,.0f} | {statistics.median(r['tokenizer_us_per_sample'] for r in runs):.0f} | "
+            f"{child:,.0f} | {pss:,.0f} | {statistics.median(r['tokenizer_us_per_sample'] for r in runs):.0f} | "
             f"{runs[0]['tokens_sha256']} |"
         )
-    for label, (speed, rss) in summary.items():
+    for label, (speed, rss, pss) in summary.items():
         family, _, system = label.rpartition(": ")
         base = summary.get(f"{family}: torchtune 0.6.1 (cold)" if family else "torchtune 0.6.1 (cold)")
         if system.startswith("tune") and base is not None:
             ratio = f"{speed / base[0]:.1f}x torchtune's samples/s, peak RSS {rss / base[1]:.2f}x"
+            if pss and base[2]:
+                ratio += f", peak PSS of all its processes {pss / base[2]:.2f}x"
             rows.append(f"\n{label}: {ratio}")
     return "\n".join(rows)
 

@@ -224,6 +224,14 @@ class PackedDataset(Dataset):
             self._flat.lengths, max_seq_len, split_across_pack=split_across_pack, max_packs=max_packs
         )
         self._positions = np.arange(max_seq_len, dtype=np.int64)
+        # Packing keeps document order and splits only at pack boundaries, so a pack's segments are one contiguous
+        # run of the flat arrays: each pack's first flat position and token count, computed once for all packs.
+        p = self._packing
+        firsts = p.pack_offsets[:-1]
+        self._pack_src = self._flat.offsets[p.seg_doc[firsts]] + p.seg_start[firsts] if len(firsts) else firsts
+        filled = np.concatenate(([0], np.cumsum(p.seg_len, dtype=np.int64)))
+        self._pack_fill = filled[p.pack_offsets[1:]] - filled[firsts]
+        self._seg_lens = p.seg_len.astype(np.int64)
         num_tokens = int(self._packing.seg_len.sum())
         _log.info(
             f"Packed {len(self._flat):,} samples ({num_tokens:,} tokens) into {len(self):,} packs of {max_seq_len} "
@@ -240,18 +248,17 @@ class PackedDataset(Dataset):
             raise IndexError(f"pack index {index} out of range for {len(self)} packs")
         p, flat, s = self._packing, self._flat, self.max_seq_len
         lo, hi = p.pack_offsets[index], p.pack_offsets[index + 1]
-        lengths = p.seg_len[lo:hi].astype(np.int64)
-        n = int(lengths.sum())
-        # Packing keeps document order and splits only at pack boundaries, so a pack's segments are one
-        # contiguous run of the flat arrays: one slice copy instead of one per document.
-        src = int(flat.offsets[p.seg_doc[lo]]) + int(p.seg_start[lo])
-        tokens = np.full(s, self.padding_idx, dtype=np.int64)
-        labels = np.full(s, CROSS_ENTROPY_IGNORE_IDX, dtype=np.int64)
-        tokens[:n] = flat.tokens[src : src + n]
+        n, src = int(self._pack_fill[index]), int(self._pack_src[index])
+        tokens = np.empty(s, dtype=np.int64)
+        labels = np.empty(s, dtype=np.int64)
+        tokens[:n] = flat.tokens[src : src + n]  # one slice copy for the whole pack, not one per document
         labels[:n] = flat.labels[src : src + n]
-        seq_lens = np.append(lengths, s - n) if n < s else lengths  # padding: one more segment, never trained
+        tokens[n:] = self.padding_idx
+        labels[n:] = CROSS_ENTROPY_IGNORE_IDX
+        # padding is one more segment, never trained
+        seq_lens = np.append(self._seg_lens[lo:hi], s - n) if n < s else self._seg_lens[lo:hi].copy()
         starts = np.cumsum(seq_lens) - seq_lens
-        labels[starts[: len(lengths)]] = CROSS_ENTROPY_IGNORE_IDX
+        labels[starts[: hi - lo]] = CROSS_ENTROPY_IGNORE_IDX
         input_pos = self._positions - np.repeat(starts, seq_lens)  # positions restart at every segment
         return {
             "tokens": torch.from_numpy(tokens),
