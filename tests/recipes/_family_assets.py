@@ -317,9 +317,10 @@ def quantized_rows(family: str, lora_node: dict) -> dict[str, list[slice]]:
 
 def nf4_round_trip(weight: torch.Tensor) -> torch.Tensor:
     """QLoRA's 4-bit NormalFloat round trip through torchao: blocks of 64 values, block scales double-quantised
-    in groups of the largest size up to 256 that divides the number of blocks (the QLoRA paper's 64 / 256)."""
+    in the groups tune picks for the shape (the QLoRA paper's 256 at real sizes; smaller groups for tiny weights,
+    so that FSDP can split them: see tune.modules.peft.nf4_block_sizes and its tests)."""
     from torchao.quantization import to_nf4
 
-    num_blocks = weight.numel() // 64
-    group = max(g for g in range(1, min(num_blocks, 256) + 1) if num_blocks % g == 0)
-    return to_nf4(weight.detach(), 64, group).get_original_weight().to(weight.dtype)
+    from tune.modules.peft import nf4_block_sizes
+
+    return to_nf4(weight.detach(), *nf4_block_sizes(weight.shape)).get_original_weight().to(weight.dtype)

@@ -162,8 +162,9 @@ def test_dora_two_ranks_match_one_device(tiny_assets, tmp_path):
 
 @pytest.mark.slow
 def test_qlora_two_ranks_match_one_device(tiny_assets, tmp_path):
-    # NF4 weights are split by whole groups of double-quantised block scales (16384 values each): every base
-    # weight needs at least 2 groups for 2 ranks, so this model is twice as wide as the tiny one
+    # NF4 weights are split by whole groups of double-quantised block scales; at this width (twice the tiny one)
+    # the weights keep QLoRA's real-size groups of 256 scales (16384 values), as real models shard them
+    # (tests/recipes/test_qlora_distributed_tiny.py covers the tiny dims' smaller groups)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     wide = dict(

@@ -108,11 +108,13 @@ def test_qlora_runs_and_saves_a_dequantised_merged_model(tiny_assets, tmp_path):
     assert all(merged[k].dtype == torch.float32 and merged[k].shape == base[k].shape for k in base)
 
     # by value, recomputed from the saved PEFT adapter and torchao's NF4 round trip of the original weight (blocks
-    # of 64, block scales double-quantised in groups of 256: QLoRA's sizes, torchao's defaults; the tiny v_proj
-    # [64, 128] has only 128 blocks, which form one group): W' = deq(nf4(W)) + (alpha / r) * B @ A
+    # of 64, block scales double-quantised in the groups tune picks for the shape: 256 at real sizes, smaller for
+    # these tiny weights so that FSDP can split them): W' = deq(nf4(W)) + (alpha / r) * B @ A
     import json
 
     from torchao.quantization import to_nf4
+
+    from tune.modules.peft import nf4_block_sizes
 
     adapter_dir = out / "step_3" / "adapter"
     adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
@@ -127,7 +129,7 @@ def test_qlora_runs_and_saves_a_dequantised_merged_model(tiny_assets, tmp_path):
         prefix = "base_model.model." + key.removesuffix(".weight")
         lora_a, lora_b = adapter[f"{prefix}.lora_A.weight"], adapter[f"{prefix}.lora_B.weight"]
         assert lora_b.abs().max() > 0, key  # B moved away from its zero init: the merge is not a no-op
-        nf4 = to_nf4(weight, 64, min(256, weight.numel() // 64))
+        nf4 = to_nf4(weight, *nf4_block_sizes(weight.shape))
         expected = nf4.get_original_weight() + scaling * lora_b @ lora_a
         torch.testing.assert_close(merged[key], expected, atol=1e-6, rtol=1e-6, msg=key)
         # the NF4 round trip is visible: the merge used the quantised base, not the fp32 one

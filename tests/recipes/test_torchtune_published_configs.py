@@ -59,9 +59,7 @@ _SFT_RECIPES = (
 _OPTIONAL = {"bitsandbytes": "bitsandbytes"}
 # the recipe kinds the default tier runs one config of, per family (the slow tier runs every config). The
 # distributed kinds run in the slow tier to keep `make test` short (the distributed recipes are tested by default
-# in test_*_distributed.py). QLoRA on 2 ranks fails there at these tiny dimensions: each NF4 weight has a single
-# double-quantisation group, which FSDP cannot split in two (torchao asserts "quantization_factor.numel() not
-# divisible by 2"); a known defect, listed by the slow tier.
+# in test_*_distributed.py).
 _DEFAULT_KINDS = ("full single-device", "lora single-device", "qlora single-device", "qat")
 
 

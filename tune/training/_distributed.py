@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tune.modules.peft import DoRALinear, LoRALinear, dequantize, is_nf4_tensor, to_nf4
+from tune.modules.peft import DoRALinear, LoRALinear, check_nf4_shardable, dequantize, is_nf4_tensor, to_nf4
 from tune.utils import get_logger, get_rank
 
 log = get_logger(__name__)
@@ -199,11 +199,17 @@ def shard_model(
     Raises:
         ValueError: if no process group is initialised.
         TypeError: for a shard condition that is neither a class nor a callable.
+        NF4ShardingError: for an NF4 (QLoRA) base weight that cannot be split evenly over the ranks.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     if not is_distributed():
         raise ValueError("shard_model needs a process group: call tune.training.init_distributed() first.")
+    # FSDP splits parameters over the mesh's last dimension (the only one for FSDP, the shard one for HSDP)
+    num_shards = dist.get_world_size() if mesh is None else mesh.size(mesh.ndim - 1)
+    for name, param in model.named_parameters():
+        if is_nf4_tensor(param):  # before fully_shard, where torchao would fail with a bare AssertionError
+            check_nf4_shardable(name, param, num_shards)
     conditions = [_as_condition(rule) for rule in shard_conditions] if shard_conditions is not None else [_is_layer]
     fsdp_kwargs: dict[str, Any] = {"reshard_after_forward": reshard_after_forward, "mesh": mesh}
     fsdp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -306,7 +312,7 @@ def _shard_nf4(key: str, full: torch.Tensor, target: Any) -> torch.Tensor:
     """This rank's dim-0 shard of the NF4 quantisation of ``full``, as a DTensor shaped like ``target``.
 
     Quantising the full weight once and then splitting keeps every shard's blocks and scales identical to a
-    single-device QLoRA model. torchao's NF4 split needs whole blocks per rank.
+    single-device QLoRA model. torchao's NF4 split needs whole rows and groups of block scales per rank.
     """
     from torch.distributed.tensor import DTensor
 
@@ -314,20 +320,8 @@ def _shard_nf4(key: str, full: torch.Tensor, target: Any) -> torch.Tensor:
     if mesh.ndim != 1:
         raise ValueError(f"{key}: NF4 (QLoRA) weights can only be sharded on a 1-D mesh; got {mesh.ndim}-D.")
     world_size, rank = mesh.size(0), mesh.get_local_rank(0)
-    if full.shape[0] % world_size:
-        raise ValueError(
-            f"{key}: an NF4 (QLoRA) weight with {full.shape[0]} rows cannot be split evenly over {world_size} ranks. "
-            "Use a number of ranks that divides the layer sizes, or train this model without quantize_base."
-        )
     quantized = to_nf4(full)
-    num_scale_groups = quantized.quantization_factor.numel()
-    if num_scale_groups % world_size:
-        # each rank must hold whole groups of double-quantised block scales (QLoRA's second quantisation)
-        raise ValueError(
-            f"{key}: its NF4 (QLoRA) weight {tuple(full.shape)} has {num_scale_groups} group(s) of block scales, "
-            f"which cannot be split evenly over {world_size} ranks. Use fewer ranks, a model whose layers have "
-            f"at least {world_size} x 16384 elements, or train this layer without quantize_base."
-        )
+    check_nf4_shardable(key, quantized, world_size)
     local = quantized.chunk(world_size, dim=0)[rank]
     return DTensor.from_local(
         local, mesh, target.placements, run_check=False, shape=target.shape, stride=target.stride()

@@ -22,14 +22,23 @@ from tune.modules.peft._adapter_utils import (
 from tune.modules.peft._apply_lora import apply_lora
 from tune.modules.peft._dora import DoRALinear
 from tune.modules.peft._lora import LoRALinear
-from tune.modules.peft._nf4 import dequantize, is_nf4_tensor, to_nf4
+from tune.modules.peft._nf4 import (
+    NF4ShardingError,
+    check_nf4_shardable,
+    dequantize,
+    is_nf4_tensor,
+    nf4_block_sizes,
+    to_nf4,
+)
 
 __all__ = [
     "LORA_ATTN_MODULES",
     "AdapterModule",
     "DoRALinear",
     "LoRALinear",
+    "NF4ShardingError",
     "apply_lora",
+    "check_nf4_shardable",
     "dequantize",
     "disable_adapter",
     "get_adapter_config",
@@ -40,6 +49,7 @@ __all__ = [
     "is_adapter_key",
     "is_nf4_tensor",
     "merge_lora_weights",
+    "nf4_block_sizes",
     "set_trainable_params",
     "to_nf4",
     "validate_missing_and_unexpected_for_lora",
