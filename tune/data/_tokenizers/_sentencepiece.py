@@ -255,11 +255,11 @@ class SentencePieceBaseTokenizer:
         """Encodes texts word by word from a cache (see :func:`_splits_at_words`): the same ids as encoding each
         text whole, without running BPE again on words seen before.
 
-        A text is split at single spaces (``text.split(" ")``): its first word is encoded as a text (with the dummy
-        prefix, when the model adds one), each later word as it reads mid-text: ``" " + word``, after a newline
-        whose tokens are dropped when the model adds a dummy prefix. Texts with a leading space, a run of spaces,
-        a literal "▁" (where a word boundary could fall inside a piece such as "▁▁") or a user-defined piece are
-        encoded whole.
+        A text is split at single spaces (``text.split(" ")``): its first word, with the spaces before it, is
+        encoded as a text (with the dummy prefix, when the model adds one), each later word as it reads mid-text:
+        ``" " + word``, after a newline whose tokens are dropped when the model adds a dummy prefix. Texts with a
+        run of spaces after their first word, a literal "▁" (where a word boundary could fall inside a piece such
+        as "▁▁") or a user-defined piece are encoded whole.
         """
         first, later = self._first_words, self._later_words
         if len(later) > _MAX_CACHED_WORDS:
@@ -269,14 +269,18 @@ class SentencePieceBaseTokenizer:
         whole, by_words, words = [], [], []
         user_pieces = self._user_pieces
         for index, text in enumerate(texts):
-            if text[:1] == " " or "  " in text or "\u2581" in text or any(p in text for p in user_pieces):
+            body = text.lstrip(" ")
+            if not body or "  " in body or "\u2581" in text or any(p in text for p in user_pieces):
                 whole.append(index)
             else:
+                split = body.split(" ")
+                if len(body) < len(text):  # leading spaces: part of the first word (" [INST]" is one unit)
+                    split[0] = text[: len(text) - len(body)] + split[0]
                 by_words.append(index)
-                words.append(text.split(" "))
+                words.append(split)
         new_first = list({w[0] for w in words} - first.keys())
         first.update(zip(new_first, map(tuple, self._encode_whole(new_first))))
-        new_later = list(set(itertools.chain.from_iterable(words)) - later.keys())
+        new_later = list(set(itertools.chain.from_iterable(w[1:] for w in words)) - later.keys())
         lead, drop = ("\n ", self._num_newline_tokens) if self._dummy_prefix else (" ", 0)
         encoded = self._encode_whole([lead + word for word in new_later])
         later.update(zip(new_later, (tuple(ids[drop:]) for ids in encoded)))
