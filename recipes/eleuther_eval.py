@@ -196,7 +196,16 @@ class EleutherEvalRecipe:
         print(make_table(output), flush=True)
         self._output_dir.mkdir(parents=True, exist_ok=True)
         path = self._output_dir / "eleuther_eval_results.json"
-        path.write_text(json.dumps(output["results"], indent=2, sort_keys=True, default=str))
+        temp = path.with_name(f".{path.name}.tmp")
+        try:  # written whole, then renamed: a results file of an earlier run is never left half overwritten
+            temp.write_text(json.dumps(output["results"], indent=2, sort_keys=True, default=str))
+            temp.replace(path)
+        except OSError as err:  # a full disk, say
+            temp.unlink(missing_ok=True)
+            raise utils.TuneError(
+                f"Could not write the results {path}: {err}. The table above holds them, and a {path.name} written "
+                "before is as it was; free disk space or set output_dir to another disk to have the file."
+            ) from err
         log.info("Results written to %s.", path)
         return output["results"]
 

@@ -111,8 +111,16 @@ class QuantizationRecipe:
         name = type(self._quantizer).__name__.removesuffix("QATConverter").removesuffix("Converter").lower()
         path = self._output_dir / f"model_{name or 'quantized'}.pt"
         tmp = path.with_suffix(".pt.tmp")
-        torch.save(self._model.state_dict(), tmp)
-        tmp.replace(path)  # atomic: a crash never leaves a half-written file under the final name
+        try:
+            torch.save(self._model.state_dict(), tmp)
+            tmp.replace(path)  # atomic: a crash never leaves a half-written file under the final name
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write (a full disk) as a RuntimeError
+            tmp.unlink(missing_ok=True)
+            raise utils.TuneError(
+                f"Could not write the quantised model {path}: {err}. A {path.name} written before is as it was; free "
+                "disk space or raise the file-size limit (`ulimit -f`), or set output_dir to another disk, then run "
+                "again."
+            ) from err
         log.info("Saved the quantised model to %s (%.2f MiB)", path, path.stat().st_size / 2**20)
         return path
 

@@ -1,26 +1,34 @@
 """Bad input through `tune run`: each user mistake is one `error:` line naming the file, exit status 1, no traceback,
-and a save that fails (a full disk) leaves the previous checkpoint intact and resumable.
+and a write that fails (a full disk) leaves what was written before intact and the run resumable: a checkpoint, the
+sharded state of a distributed run, the metric log, the config copy in output_dir, a quantised model, eval results.
 
 Cheap variations of each mistake (every tokenizer kind, every dataset format, every checkpoint file) are tested at
 the component level in tests/tune/...; here one case of each kind goes through the recipe.
 """
 
 import json
+import re
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.recipes.utils import ASSETS, ROOT, read_jsonl, run_recipe
+from tests.recipes.dist_utils import run_distributed
+from tests.recipes.utils import ASSETS, read_jsonl, run_recipe
 
 pytestmark = pytest.mark.integration
 
 FULL, LORA = "full_finetune_single_device", "lora_finetune_single_device"
-CONFIGS = {FULL: ASSETS / "full_tiny.yaml", LORA: ASSETS / "lora_tiny.yaml"}
+DIST, QUANTIZE, EVAL = "full_finetune_distributed", "quantize", "eleuther_eval"
+CONFIGS = {
+    FULL: ASSETS / "full_tiny.yaml",
+    LORA: ASSETS / "lora_tiny.yaml",
+    QUANTIZE: ASSETS / "quantize_tiny.yaml",
+    EVAL: ASSETS / "eval_tiny.yaml",
+}
 
 
 def _copy_assets(tiny_assets: Path, tmp_path: Path) -> Path:
@@ -88,38 +96,32 @@ def test_dataset_row_missing_a_column(tiny_assets, tmp_path):
     assert "column 'output' is missing (or null) in this row" in line
 
 
-# Run under a real file-size limit that starts once the first checkpoint is published: from then on the OS refuses
-# (EFBIG) any write past LIMIT bytes, as a full disk refuses any write. SIGXFSZ is ignored so the write fails
-# instead of killing the process. Arguments: LIMIT, then `tune` CLI arguments.
-_FILE_SIZE_LIMIT_WRAPPER = textwrap.dedent(
-    """
-    import re, resource, runpy, signal, sys
+# A full disk is a real file-size limit (RLIMIT_FSIZE) that the run sets itself, from a chosen moment on: the config
+# imports tests/recipes/assets/disk_full.py (in every process of a distributed run), which reads when and how much
+# from TUNE_TEST_DISK_FULL ("EVENT PATTERN LIMIT", see that file). The OS then refuses (EFBIG, "File too large") any
+# write past LIMIT bytes, as a full disk refuses any write.
+def _run_on_full_disk(recipe: str, assets: Path, out: Path, disk_full: str, *extra: str, cwd: Path):
+    overrides = [f"assets_dir={assets}", f"output_dir={out}", "imports=[disk_full]", *extra]
+    env = {"TUNE_TEST_DISK_FULL": disk_full}
+    return run_recipe(recipe, CONFIGS[recipe], overrides, cwd=cwd, check=False, env=env)
 
-    limit = int(sys.argv[1])
-    sys.argv = ["tune", *sys.argv[2:]]
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
-    def limit_after_first_checkpoint(event, args):
-        if event == "os.rename" and re.search(r"step_[0-9]+$", str(args[1])):  # os.replace publishing step_N
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+def _checkpoints(out: Path) -> list[str]:
+    """The checkpoint directories in ``out``, temporary ones included."""
+    return sorted(p.name for p in out.iterdir() if p.name.startswith((".tmp", ".old", "step_")))
 
-    sys.addaudithook(limit_after_first_checkpoint)
-    runpy.run_module("tune._cli.main", run_name="__main__")
-    """
-)
+
+def _assert_complete(step: Path) -> None:
+    assert (step / ".complete").is_file() and (step / "recipe_state.pt").is_file(), sorted(step.iterdir())
 
 
 @pytest.fixture(scope="module")
 def failed_save(tiny_assets, tmp_path_factory):
     """A run whose second checkpoint save fails on a full disk: ``(output_dir, process)``."""
     tmp = tmp_path_factory.mktemp("disk_full")
-    wrapper = tmp / "limit_file_size.py"
-    wrapper.write_text(_FILE_SIZE_LIMIT_WRAPPER)
     out = tmp / "out"
-    cmd = [sys.executable, str(wrapper), "100000", "run", FULL, "--config", str(CONFIGS[FULL])]
-    cmd += [f"assets_dir={tiny_assets}", f"output_dir={out}", "save_every_n_steps=1"]
-    env = {**__import__("os").environ, "PYTHONPATH": f"{ROOT}:{ASSETS}", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
-    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    # from the publication of the first checkpoint (os.replace to step_N) on, no file may grow past 100 kB
+    proc = _run_on_full_disk(FULL, tiny_assets, out, "os.rename step_[0-9]+$ 100000", "save_every_n_steps=1", cwd=tmp)
     return out, proc
 
 
@@ -130,7 +132,7 @@ def test_disk_full_during_save_keeps_previous_checkpoint(failed_save, tiny_asset
     assert "File too large" in line  # what the OS said (EFBIG)
     assert f"The previous checkpoint {out / 'step_1'} is intact" in line
     assert "partial checkpoint was removed" in line
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith((".tmp", "step_"))) == ["step_1"]
+    assert _checkpoints(out) == ["step_1"]
     assert {"model.safetensors", "recipe_state.pt", ".complete"} <= {p.name for p in (out / "step_1").iterdir()}
 
     # the run resumes from step_1 and finishes
@@ -160,3 +162,144 @@ def test_resume_from_a_damaged_checkpoint(failed_save, tiny_assets, tmp_path, da
     expected = damage(run / "step_1")
     line = _error_line(_run(FULL, tiny_assets, run, "resume_from_checkpoint=True", cwd=tmp_path))
     assert expected in line
+
+
+def test_disk_full_while_logging_stops_the_run_and_keeps_the_log(tiny_assets, tmp_path):
+    out = tmp_path / "out"
+    log = out / "logs" / "log.jsonl"
+    # once step_1 is published, the log may grow by 40 bytes: step 2's line is cut off part-way
+    proc = _run_on_full_disk(
+        FULL, tiny_assets, out, f"os.rename step_1$ {log}+40", "save_every_n_steps=1", cwd=tmp_path
+    )
+    line = _error_line(proc)
+    assert f"Could not write the metric log {log}: [Errno 27] File too large" in line
+    assert "The run stopped at step 2 rather than train on without its metrics" in line
+    assert "checkpoints saved so far are complete" in line and "resume_from_checkpoint=True" in line
+    assert [r["step"] for r in read_jsonl(log)] == [1]  # the part of step 2's line that was written is gone
+    assert _checkpoints(out) == ["step_1"]
+    _assert_complete(out / "step_1")
+
+    # the run resumes from step_1, appending to the same log
+    resumed = _run(FULL, tiny_assets, out, "save_every_n_steps=1", "resume_from_checkpoint=True", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert [r["step"] for r in read_jsonl(log)] == [1, 2, 3]
+
+
+def test_disk_full_while_saving_the_config_keeps_the_previous_one(failed_save, tiny_assets, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(failed_save[0], run)
+    before = (run / "config.yaml").read_bytes()
+    # a resumed run writes output_dir/config.yaml at the end of its setup: the disk is full from then on
+    disk_full = f"open ^{re.escape(str(run))}/\\.config\\. 0"  # the temporary file written, then renamed
+    extra = ["save_every_n_steps=1", "resume_from_checkpoint=True"]
+    line = _error_line(_run_on_full_disk(FULL, tiny_assets, run, disk_full, *extra, cwd=tmp_path))
+    assert f"Could not write the run's config {run / 'config.yaml'}: [Errno 27] File too large" in line
+    assert f"The file keeps its previous content (if any) and the checkpoints in {run} are as they were" in line
+    assert (run / "config.yaml").read_bytes() == before
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".config")]  # no temporary file left behind
+    assert _checkpoints(run) == ["step_1"]
+
+    resumed = _run(FULL, tiny_assets, run, *extra, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"Resuming from {run / 'step_1'}" in resumed.stderr
+    assert (run / "step_3" / ".complete").is_file()
+
+
+def test_disk_full_on_one_rank_during_a_sharded_save(tiny_assets, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    common = [f"assets_dir={tiny_assets}", f"output_dir={out}", "batch_size=2", "save_every_n_steps=1"]
+    # rank 1 cannot write its shard of step_2 (dcp/.tmp_step_2/__1_0.distcp); rank 0 writes its own
+    monkeypatch.setenv("TUNE_TEST_DISK_FULL", r"open dcp/\.tmp_step_2/__1_ 0")
+    proc = run_distributed(DIST, CONFIGS[FULL], [*common, "imports=[disk_full]"], cwd=tmp_path, check=False)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-8000:]
+    # every rank stops at the same point with the same error (none waits for the other) and prints it: one line
+    # per rank (the two may land on one line of the shared stderr), then torchrun's summary of the exit codes
+    errors = set(re.findall(rf"{DIST}\.py: error: (.*?)(?=$|{DIST}\.py: error: )", proc.stderr, re.MULTILINE))
+    assert len(errors) == 1, proc.stderr[-8000:]
+    line = errors.pop()
+    assert f"Could not save checkpoint step_2 to output_dir {out / 'dcp'}: rank 1: [Errno 27] File too large" in line
+    assert f"The previous checkpoint {out / 'dcp' / 'step_1'} is intact" in line
+    assert "partial checkpoint was removed" in line
+    assert _checkpoints(out / "dcp") == ["step_1"] and (out / "dcp" / "step_1" / ".complete").is_file()
+    assert _checkpoints(out) == ["step_1"]  # the gathered model of step 2 comes after the sharded state: not written
+
+    monkeypatch.delenv("TUNE_TEST_DISK_FULL")
+    resumed = run_distributed(DIST, CONFIGS[FULL], [*common, "resume_from_checkpoint=True"], cwd=tmp_path)
+    assert f"Resumed from {out / 'dcp' / 'step_1'} after 1 optimizer steps" in resumed.stderr
+    assert [r["step"] for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r][-2:] == [2, 3]
+    assert (out / "step_3" / ".complete").is_file()
+
+
+def test_disk_full_while_saving_the_quantised_model(tiny_assets, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    model = out / "model_int8dynactint4weight.pt"
+    model.write_bytes(b"the model an earlier run saved")
+    # from the read of the checkpoint's config.json on, no file may grow past 100 kB (the quantised model: 570 kB)
+    disk_full = r"open /llama/config\.json$ 100000"
+    line = _error_line(_run_on_full_disk(QUANTIZE, tiny_assets, out, disk_full, cwd=tmp_path))
+    assert f"Could not write the quantised model {model}: " in line  # torch.save: "unexpected pos ..."
+    assert f"A {model.name} written before is as it was" in line
+    assert sorted(p.name for p in out.iterdir()) == [model.name]  # no temporary file left behind
+    assert model.read_bytes() == b"the model an earlier run saved"
+
+
+def test_disk_full_while_writing_the_eval_results(tiny_assets, tmp_path):
+    pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is not installed")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "docs.jsonl").write_text("\n".join(json.dumps({"question": f"{a} + 1 =", "label": 0}) for a in range(4)))
+    (tasks / "tiny_mc.yaml").write_text(
+        textwrap.dedent(
+            f"""\
+            task: tiny_mc
+            dataset_path: json
+            dataset_kwargs:
+              data_files:
+                test: {tasks / "docs.jsonl"}
+            test_split: test
+            output_type: multiple_choice
+            doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+            doc_to_choice: ["yes", "no"]
+            doc_to_target: "{{{{label}}}}"
+            metric_list:
+              - metric: acc
+            """
+        )
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    results = out / "eleuther_eval_results.json"
+    results.write_text('{"an earlier run": 1}')
+    disk_full = r"open /\.?eleuther_eval_results\.json(\.tmp)?$ 0"
+    extra = [f"include_path={tasks}", "tasks=[tiny_mc]"]
+    proc = _run_on_full_disk(EVAL, tiny_assets, out, disk_full, *extra, cwd=tmp_path)
+    line = _error_line(proc)
+    assert f"Could not write the results {results}: [Errno 27] File too large" in line
+    assert "The table above holds them" in line and "tiny_mc" in proc.stdout
+    assert results.read_text() == '{"an earlier run": 1}'
+    assert sorted(p.name for p in out.iterdir()) == [results.name]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="a write that fails on rank 0 alone (the metric log, the gathered model) stops rank 0 with one line, but "
+    "the other ranks learn of it only as a gloo error in their next collective, with a traceback; the recipes need "
+    "rank 0's outcome shared with every rank (as FiniteLossCheck shares a NaN loss)",
+)
+@pytest.mark.parametrize("what", ["metric_log", "gathered_model"])
+def test_disk_full_on_rank_zero_alone_stops_every_rank_with_one_line(tiny_assets, tmp_path, monkeypatch, what):
+    out = tmp_path / "out"
+    if what == "metric_log":  # after step_1, rank 0's log line of step 2 is cut off
+        disk_full, expected = f"os.rename ^{re.escape(str(out))}/step_1$ {out}/logs/log.jsonl+40", "metric log"
+    else:  # the sharded state of step 2 is saved, then rank 0 cannot write the gathered model
+        disk_full, expected = f"os.rename ^{re.escape(str(out))}/dcp/step_2$ 100000", "Could not save checkpoint step_2"
+    monkeypatch.setenv("TUNE_TEST_DISK_FULL", disk_full)
+    overrides = [f"assets_dir={tiny_assets}", f"output_dir={out}", "batch_size=2", "save_every_n_steps=1"]
+    proc = run_distributed(DIST, CONFIGS[FULL], [*overrides, "imports=[disk_full]"], cwd=tmp_path, check=False)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert expected in proc.stderr, proc.stderr[-8000:]
+    assert (out / "dcp" / "step_1" / ".complete").is_file()
+    assert "Traceback" not in proc.stderr, proc.stderr[-8000:]

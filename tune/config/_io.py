@@ -1,5 +1,3 @@
-import os
-import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -42,6 +40,8 @@ def log_config(recipe_name: str, cfg: DictConfig) -> None:
 def save_config(cfg: DictConfig, output_dir: str | Path) -> Path:
     """Writes the resolved config to ``output_dir/config.yaml`` (on rank 0 only; atomically).
 
+    The file is written by :func:`tune.training.checkpointing.save_config`, as the copy inside each checkpoint is.
+
     Args:
         cfg (DictConfig): the config.
         output_dir (str | Path): created when missing.
@@ -51,21 +51,25 @@ def save_config(cfg: DictConfig, output_dir: str | Path) -> Path:
 
     Raises:
         ConfigError: naming the key of an interpolation that cannot be resolved.
+        CheckpointSaveError: when the file cannot be written (a full disk, say), naming it; the ``config.yaml``
+            written before, if any, and the checkpoints in ``output_dir`` are left as they were.
     """
+    # tune.utils and tune.training import torch: only when a recipe runs
+    from tune.training.checkpointing import CheckpointSaveError
+    from tune.training.checkpointing import save_config as write_config
     from tune.utils import get_rank
 
     path = Path(output_dir) / CONFIG_FILE_NAME
     text = resolved_yaml(cfg)
     if get_rank() != 0:
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # write then rename: a crash never leaves a half-written config next to a checkpoint
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".config.", suffix=".yaml.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return write_config(text, path.parent)
+    except OSError as error:
+        reason = error.__cause__ if isinstance(error.__cause__, OSError) else error
+        raise CheckpointSaveError(
+            f"Could not write the run's config {path}: {reason}. The file keeps its previous content (if any) and "
+            f"the checkpoints in {path.parent} are as they were. Free disk space or raise the file-size limit "
+            "(`ulimit -f`), or set output_dir to another disk, then run again."
+        ) from error

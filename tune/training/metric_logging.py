@@ -3,21 +3,35 @@
 Every logger writes on rank 0 only; on other ranks each method is a no-op, so a distributed recipe calls them
 unconditionally. Values may be Python numbers or 0-d tensors (read with ``.item()``: call at logging steps only,
 since that synchronises with the device).
+
+A logger that cannot write its files (a full disk) raises :class:`MetricLoggerError`, which stops the run: training
+on without its metrics would lose them silently.
 """
 
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import torch
 
-from tune.utils import get_rank, import_optional
+from tune.utils import TuneError, get_logger, get_rank, import_optional
 
-__all__ = ["DiskLogger", "MetricLoggerInterface", "StdoutLogger", "TensorBoardLogger", "WandBLogger"]
+__all__ = [
+    "DiskLogger",
+    "MetricLoggerError",
+    "MetricLoggerInterface",
+    "StdoutLogger",
+    "TensorBoardLogger",
+    "WandBLogger",
+]
+
+log = get_logger(__name__)
 
 Scalar = int | float | torch.Tensor
 
@@ -37,6 +51,26 @@ class MetricLoggerInterface(Protocol):
 
     def close(self) -> None:
         """Flushes and releases files or connections. Safe to call twice."""
+
+
+class MetricLoggerError(TuneError, OSError):
+    """A metric logger could not write its files (a full disk, a file-size limit, no permission); the message names
+    the file. The CLI prints it as one ``error:`` line."""
+
+
+def _write_error(what: str, error: OSError, step: int | None = None) -> MetricLoggerError:
+    # what: "the metric log PATH"; step: the step being logged (None while the logger is set up, before training)
+    reason = error.__cause__ if isinstance(error.__cause__, OSError) else error
+    if step is None:
+        stopped, then = "The run stopped before training", "run again"
+    else:
+        stopped = f"The run stopped at step {step} rather than train on without its metrics"
+        then = "resume with `resume_from_checkpoint=True`"
+    return MetricLoggerError(
+        f"Could not write {what}: {reason}. {stopped}; the log keeps the records written before, and the "
+        "checkpoints saved so far are complete (each is published whole). Free disk space or raise the file-size "
+        f"limit (`ulimit -f`), or set `metric_logger.log_dir` to another disk, then {then}."
+    )
 
 
 def _scalar(value: Any) -> Any:
@@ -103,43 +137,77 @@ class DiskLogger:
 
     Each line is ``{"step": N, "time": <unix seconds>, name: value, ...}``: the wall-clock time makes step
     durations and throughput recoverable from the file alone. ``log_config`` writes ``config.json`` beside it.
+    Each line reaches the file as the call returns; a line that cannot be written whole (a full disk) is removed
+    again, so the file stays valid JSON Lines and a resumed run appends to it.
 
     Args:
         log_dir (str | Path): directory for the log; created if missing.
         filename (str | None): file name; default ``log_<unix time>.jsonl``.
         **kwargs: ignored, so configs can switch loggers by changing only ``_component_``.
+
+    Raises:
+        MetricLoggerError: when the directory or the file cannot be created, naming the file.
     """
 
     def __init__(self, log_dir: str | Path, filename: str | None = None, **kwargs: Any) -> None:
         self.log_dir = Path(log_dir)
         self.path = self.log_dir / (filename or f"log_{int(time.time())}.jsonl")
-        self._file: TextIO | None = None
+        self._file: BinaryIO | None = None
         if get_rank() == 0:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
+            try:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                # unbuffered: a write fails in the call that makes it, never later when a buffer is flushed
+                self._file = open(self.path, "ab", buffering=0)
+            except OSError as error:
+                raise _write_error(f"the metric log {self.path}", error) from error
 
     def log(self, name: str, data: Scalar, step: int) -> None:
         """Writes one scalar as its own line. See :class:`MetricLoggerInterface`."""
         self.log_dict({name: data}, step)
 
     def log_dict(self, payload: Mapping[str, Scalar], step: int) -> None:
-        """Writes one line for this step. See :class:`MetricLoggerInterface`."""
+        """Writes one line for this step. See :class:`MetricLoggerInterface`.
+
+        Raises:
+            MetricLoggerError: when the line cannot be written (a full disk), naming the file; the part of the
+                line that was written is removed.
+        """
         if self._file is None:
             return
         record = {"step": int(step), "time": time.time()}
         record.update({name: _scalar(value) for name, value in payload.items()})
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = (json.dumps(record) + "\n").encode("utf-8")
+        end = self._file.seek(0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(line):  # an unbuffered file may take part of the bytes per call
+                written += self._file.write(line[written:])
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                self._file.truncate(end)  # shrinking a file needs no space
+            raise _write_error(f"the metric log {self.path}", error, step) from error
 
     def log_config(self, config: Mapping[str, Any]) -> None:
-        """Writes ``config.json`` next to the log. See :class:`MetricLoggerInterface`."""
+        """Writes ``config.json`` next to the log, atomically. See :class:`MetricLoggerInterface`.
+
+        Raises:
+            MetricLoggerError: when the file cannot be written, naming it; a ``config.json`` already there is left
+                as it was.
+        """
         plain = _check_config(config)
-        if self._file is not None:
-            (self.log_dir / "config.json").write_text(json.dumps(plain, indent=2, sort_keys=True), encoding="utf-8")
+        if self._file is None:
+            return
+        from tune.training.checkpointing._state import write_text_atomically  # checkpointing loads lazily
+
+        path = self.log_dir / "config.json"
+        try:
+            write_text_atomically(json.dumps(plain, indent=2, sort_keys=True), path)
+        except OSError as error:
+            raise _write_error(f"the metric log's config {path}", error) from error
 
     def close(self) -> None:
         """Closes the file."""
-        if self._file is not None:
+        if getattr(self, "_file", None) is not None:  # None also when __init__ failed
             self._file.close()
             self._file = None
 
@@ -151,6 +219,8 @@ class TensorBoardLogger:
     """Writes scalars as TensorBoard events with ``torch.utils.tensorboard``.
 
     Needs the ``tensorboard`` package (``pip install 'tune[tensorboard]'``), imported when the logger is built.
+    Each call's events are flushed to the event file before it returns, so a failed write stops the run at the step
+    it belongs to.
 
     Args:
         log_dir (str | Path): root directory of the event files.
@@ -160,6 +230,7 @@ class TensorBoardLogger:
 
     Raises:
         ImportError: when ``tensorboard`` is not installed; the message names the extra to install.
+        MetricLoggerError: when the event file cannot be created, naming its directory.
     """
 
     def __init__(self, log_dir: str | Path, organize_logs: bool = True, **kwargs: Any) -> None:
@@ -167,32 +238,88 @@ class TensorBoardLogger:
         tensorboard = import_optional("torch.utils.tensorboard", "TensorBoardLogger")
         self.log_dir = Path(log_dir) / f"run_{get_rank()}_{int(time.time())}" if organize_logs else Path(log_dir)
         self._writer = None
+        self._failed = False
         if get_rank() == 0:
-            self._writer = tensorboard.SummaryWriter(log_dir=str(self.log_dir), **kwargs)
+            _quiet_tensorboard_writer_thread()
+            try:
+                self._writer = tensorboard.SummaryWriter(log_dir=str(self.log_dir), **kwargs)
+            except OSError as error:
+                raise _write_error(f"the TensorBoard event file in {self.log_dir}", error) from error
 
     def log(self, name: str, data: Scalar, step: int) -> None:
         """Adds one scalar. See :class:`MetricLoggerInterface`."""
-        if self._writer is not None:
-            self._writer.add_scalar(name, _scalar(data), global_step=step)
+        self.log_dict({name: data}, step)
 
     def log_dict(self, payload: Mapping[str, Scalar], step: int) -> None:
-        """Adds several scalars. See :class:`MetricLoggerInterface`."""
-        for name, value in payload.items():
-            self.log(name, value, step)
+        """Adds several scalars. See :class:`MetricLoggerInterface`.
+
+        Raises:
+            MetricLoggerError: when the event file cannot be written (a full disk), naming its directory.
+        """
+        if self._writer is None:
+            return
+        with self._writing(step):
+            for name, value in payload.items():
+                self._writer.add_scalar(name, _scalar(value), global_step=step)
+            self._writer.flush()
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         """Adds the config as a text summary named ``config``. See :class:`MetricLoggerInterface`."""
         plain = _check_config(config)
-        if self._writer is not None:
-            # indented by 4 spaces so TensorBoard's markdown renders it as a code block
-            text = "\n".join("    " + line for line in json.dumps(plain, indent=2, sort_keys=True).splitlines())
+        if self._writer is None:
+            return
+        # indented by 4 spaces so TensorBoard's markdown renders it as a code block
+        text = "\n".join("    " + line for line in json.dumps(plain, indent=2, sort_keys=True).splitlines())
+        with self._writing(None):
             self._writer.add_text("config", text)
+            self._writer.flush()
 
     def close(self) -> None:
-        """Flushes and closes the event file."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Flushes and closes the event file.
+
+        Raises:
+            MetricLoggerError: when the last events cannot be written, unless an error is already on its way (a
+                failed write reported before, or another error stopping the run: that one is reported instead).
+        """
+        if self._writer is None:
+            return
+        writer, self._writer = self._writer, None
+        try:
+            writer.close()
+        except OSError as error:
+            if self._failed:
+                return  # reported by the call that failed
+            failure = _write_error(f"the TensorBoard event file in {self.log_dir}", error)
+            if sys.exc_info()[1] is not None:  # called while another error stops the run: that one is the message
+                log.warning(str(failure))
+                return
+            raise failure from error
+
+    @contextlib.contextmanager
+    def _writing(self, step: int | None):
+        try:
+            yield
+        except OSError as error:
+            self._failed = True
+            raise _write_error(f"the TensorBoard event file in {self.log_dir}", error, step) from error
+
+
+def _quiet_tensorboard_writer_thread() -> None:
+    # TensorBoard writes events from a thread of its own, which re-raises a failed write (a full disk), so Python
+    # prints its traceback, and keeps the error for the writer's next call: there TensorBoardLogger reports it as one
+    # MetricLoggerError line. Leave out the thread's traceback (an OSError of that thread only); the rest goes to
+    # the hook there was.
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard_writer", False):
+        return
+
+    def excepthook(args: threading.ExceptHookArgs) -> None:
+        writer_thread = type(args.thread).__module__.startswith("tensorboard.summary.writer")
+        if not (writer_thread and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    excepthook.quiets_tensorboard_writer = True
+    threading.excepthook = excepthook
 
 
 class WandBLogger:

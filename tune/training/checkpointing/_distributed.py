@@ -8,7 +8,7 @@ non-tensor values with ``torch.load(weights_only=True)`` rather than DCP's defau
 import io
 import pickle
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tune.training.checkpointing._io import describe_dir
+from tune.training.checkpointing._io import CheckpointSaveError, describe_dir
 from tune.training.checkpointing._layout import (
+    _save_failed_message,
     checkpoint_dir_name,
     find_latest_checkpoint,
     prune_checkpoints,
@@ -59,6 +60,34 @@ def _weights_only_load_planner() -> Any:
 def _barrier(group: dist.ProcessGroup | None) -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier(group=group)
+
+
+def _group_rank(group: dist.ProcessGroup | None) -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group)
+    return get_rank()
+
+
+def _empty_dir(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+def _publish(temp_dir: Path, final: Path, marker: dict[str, Any], config: Mapping[str, Any] | str | None) -> None:
+    if config is not None:
+        save_config(config, temp_dir)
+    publish_checkpoint(temp_dir, final, marker)
+    log.info(f"Saved distributed checkpoint to {final}.")
+
+
+def _write_failure(error: BaseException) -> OSError | None:
+    # the failed writes of a DCP CheckpointException (rank -> (exception, stack)) as one OSError naming the ranks;
+    # None when a rank failed otherwise (a bug, say)
+    failures = {rank: exc for rank, (exc, _) in sorted(error.failures.items())}
+    if not failures or not all(isinstance(exc, OSError) for exc in failures.values()):
+        return None
+    return OSError("; ".join(f"rank {rank}: {exc}" for rank, exc in failures.items()))
 
 
 class DistributedCheckpointer:
@@ -129,6 +158,8 @@ class DistributedCheckpointer:
     ) -> Path:
         """Writes every rank's shards to ``output_dir/step_{step}/`` (or ``epoch_{epoch}/``), atomically.
 
+        A collective: every rank calls it, and every rank returns, or raises the same error, at the same point.
+
         Args:
             state_dict (dict[str, Any]): this rank's state: (sharded) tensors, nested dicts, plain values.
             epoch (int | None): epochs completed.
@@ -137,28 +168,53 @@ class DistributedCheckpointer:
 
         Returns:
             Path: the published checkpoint directory.
+
+        Raises:
+            CheckpointSaveError: on every rank, when a write fails on any of them (a full disk, a file-size limit):
+                the message names the rank that failed, ``output_dir`` and the previous complete checkpoint, which
+                stays as it was (the partial one is removed).
         """
         import torch.distributed.checkpoint as dcp
 
         name = checkpoint_dir_name(epoch, step)
         temp_dir = temporary_dir_for(self._output_dir, name)
-        if get_rank() == 0:
-            if temp_dir.exists():
-                shutil.rmtree(temp_dir)
-            temp_dir.mkdir(parents=True)
-        _barrier(self._group)
-        dcp.save(state_dict, checkpoint_id=str(temp_dir), process_group=self._group)
-        _barrier(self._group)
         final = self._output_dir / name
-        if get_rank() == 0:
-            if config is not None:
-                save_config(config, temp_dir)
+        failure = self._on_coordinator(lambda: _empty_dir(temp_dir))
+        if failure is None:
+            try:
+                dcp.save(state_dict, checkpoint_id=str(temp_dir), process_group=self._group)
+            except dcp.api.CheckpointException as error:
+                # DCP gathers every rank's error and raises them on every rank: each rank sees the same failures
+                failure = _write_failure(error)
+                if failure is None:  # not a failed write (a bug, say): DCP's own error
+                    self._on_coordinator(lambda: shutil.rmtree(temp_dir, ignore_errors=True))
+                    raise
+        if failure is None:
             marker = {"format": _FORMAT, "epoch": epoch, "global_step": step, "recipe_state": True}
-            publish_checkpoint(temp_dir, final, marker)
-            log.info(f"Saved distributed checkpoint to {final}.")
-            prune_checkpoints(self._output_dir, self._keep_last_n)
-        _barrier(self._group)
+            failure = self._on_coordinator(lambda: _publish(temp_dir, final, marker, config))
+        if failure is not None:
+            self._on_coordinator(lambda: shutil.rmtree(temp_dir, ignore_errors=True))
+            raise CheckpointSaveError(_save_failed_message(self._output_dir, name, failure))
+        failure = self._on_coordinator(lambda: prune_checkpoints(self._output_dir, self._keep_last_n))
+        if failure is not None and _group_rank(self._group) == 0:  # the new checkpoint is saved: go on
+            log.warning(f"Could not remove old checkpoints in {self._output_dir} (keep_last_n_checkpoints): {failure}")
         return final
+
+    def _on_coordinator(self, action: Callable[[], Any]) -> OSError | None:
+        # Runs `action` on the group's rank 0 and tells every rank whether it failed (with an OSError): a collective,
+        # so no rank waits for a rank that stopped, and all of them go on, or stop, together.
+        failure = None
+        if _group_rank(self._group) == 0:
+            try:
+                action()
+            except OSError as error:
+                failure = f"rank 0: {error}"
+        if dist.is_available() and dist.is_initialized():
+            message = [failure]
+            source = 0 if self._group is None else dist.get_global_rank(self._group, 0)
+            dist.broadcast_object_list(message, src=source, group=self._group)
+            failure = message[0]
+        return None if failure is None else OSError(failure)
 
     def load_checkpoint(self, state_dict: dict[str, Any], checkpoint_path: str | Path | None = None) -> dict[str, Any]:
         """Loads a checkpoint into ``state_dict`` in place (DCP fills the given, correctly sharded, tensors).

@@ -1,6 +1,8 @@
 """Recipe state beyond the weights: RNG states, the resolved config, ``recipe_state.pt``."""
 
+import os
 import random
+import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -9,7 +11,7 @@ import numpy as np
 import torch
 
 from tune.training.checkpointing._constants import CONFIG_FILE
-from tune.training.checkpointing._io import CheckpointError, fsync_file, safe_torch_load, save_torch
+from tune.training.checkpointing._io import CheckpointError, safe_torch_load, save_torch
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -94,19 +96,56 @@ def config_to_yaml(config: Mapping[str, Any] | str) -> str:
 
 
 def save_config(config: Mapping[str, Any] | str, directory: str | Path) -> Path:
-    """Writes the resolved config as ``config.yaml`` in ``directory``.
+    """Writes the resolved config as ``config.yaml`` in ``directory``, atomically (see :func:`write_text_atomically`).
+
+    The one writer of ``config.yaml``: the checkpointers call it for the copy inside each checkpoint, and
+    :func:`tune.config.save_config` for the one in ``output_dir``.
 
     Args:
         config (Mapping[str, Any] | str): see :func:`config_to_yaml`.
-        directory (str | Path): where to write it.
+        directory (str | Path): where to write it (an existing directory).
 
     Returns:
         Path: the file written.
+
+    Raises:
+        TypeError: for a config that is neither a mapping nor YAML text.
+        OSError: when the file cannot be written (a full disk, say), naming it; a ``config.yaml`` already there is
+            left as it was.
     """
     path = Path(directory) / CONFIG_FILE
-    path.write_text(config_to_yaml(config))
-    fsync_file(path)
+    write_text_atomically(config_to_yaml(config), path)
     return path
+
+
+def write_text_atomically(text: str, path: str | Path) -> None:
+    """Writes ``text`` (UTF-8) to ``path`` so that ``path`` holds either its old content or all of the new.
+
+    The text goes into a temporary file beside ``path``, is flushed to disk, and the file is renamed over ``path``.
+
+    Args:
+        text (str): the content.
+        path (str | Path): the file to write; its directory must exist.
+
+    Raises:
+        OSError: when the file cannot be written (a full disk, a file-size limit, no permission), naming it; the
+            temporary file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    temp = None
+    try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException as error:
+        if temp is not None:
+            Path(temp).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise OSError(f"could not write {path}: {error}") from error
+        raise
 
 
 def save_recipe_state(state: Mapping[str, Any], path: str | Path) -> None:
