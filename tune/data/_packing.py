@@ -232,6 +232,10 @@ class PackedDataset(Dataset):
         filled = np.concatenate(([0], np.cumsum(p.seg_len, dtype=np.int64)))
         self._pack_fill = filled[p.pack_offsets[1:]] - filled[firsts]
         self._seg_lens = p.seg_len.astype(np.int64)
+        # where each segment starts in its pack
+        self._seg_starts = (
+            np.cumsum(self._seg_lens) - self._seg_lens - np.repeat(filled[firsts], np.diff(p.pack_offsets))
+        )
         num_tokens = int(self._packing.seg_len.sum())
         _log.info(
             f"Packed {len(self._flat):,} samples ({num_tokens:,} tokens) into {len(self):,} packs of {max_seq_len} "
@@ -255,10 +259,13 @@ class PackedDataset(Dataset):
         labels[:n] = flat.labels[src : src + n]
         tokens[n:] = self.padding_idx
         labels[n:] = CROSS_ENTROPY_IGNORE_IDX
+        labels[self._seg_starts[lo:hi]] = CROSS_ENTROPY_IGNORE_IDX  # no token predicts a document's first one
         # padding is one more segment, never trained
-        seq_lens = np.append(self._seg_lens[lo:hi], s - n) if n < s else self._seg_lens[lo:hi].copy()
-        starts = np.cumsum(seq_lens) - seq_lens
-        labels[starts[: hi - lo]] = CROSS_ENTROPY_IGNORE_IDX
+        if n < s:
+            seq_lens = np.append(self._seg_lens[lo:hi], s - n)
+            starts = np.append(self._seg_starts[lo:hi], n)
+        else:
+            seq_lens, starts = self._seg_lens[lo:hi].copy(), self._seg_starts[lo:hi]
         input_pos = self._positions - np.repeat(starts, seq_lens)  # positions restart at every segment
         return {
             "tokens": torch.from_numpy(tokens),
