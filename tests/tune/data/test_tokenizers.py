@@ -283,15 +283,21 @@ def test_family_tokenizers_follow_the_protocol_and_pickle(family):
 
     from tests.tune.data._tiny_tokenizers import conversation
     from tune.data import ModelTokenizer, mask_messages
+    from tune.datasets._hf import tokenizer_identity
 
     tok = _family_tokenizers()[family]()
     assert isinstance(tok, ModelTokenizer)
     assert tok.eos_id in tok.stop_tokens
+    identity = tokenizer_identity(tok)
     messages = mask_messages(conversation(system=family != "gemma2"))
     tokens, mask = tok.tokenize_messages(messages)
     assert len(tokens) == len(mask) and not all(mask) and any(mask)
+    batch = [messages] * 70  # past the batch sizes where word caches and engines start
+    assert tok.tokenize_messages_batch(batch) == [(tokens, mask)] * 70
     # datasets.map(num_proc=N) ships the tokenizer to worker processes
     assert pickle.loads(pickle.dumps(tok)).tokenize_messages(messages) == (tokens, mask)
+    # the caches filled above (word caches, short texts, the tiktoken engine) are no part of the datasets cache key
+    assert tokenizer_identity(tok) == identity
 
 
 def test_llama3_special_tokens_path(tmp_path):

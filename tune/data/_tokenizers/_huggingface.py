@@ -199,8 +199,10 @@ class HuggingFaceBaseTokenizer:
         return engine
 
     def __getstate__(self) -> dict:
+        # caches, rebuilt where they are used: the pickled state (a datasets cache key) must not depend on them
         state = dict(self.__dict__)
-        state.pop("_engine", None)  # rebuilt where it is used; the pickled state (a cache key) stays the same
+        state.pop("_engine", None)
+        state["_known_specials"] = set()
         return state
 
     def _encode_with_engine(self, engine: ByteLevelEngine, conversations: Sequence[Sequence[Segment]]):
