@@ -17,6 +17,7 @@ import re
 import unicodedata
 from typing import Any
 
+from tune.data._tokenizers._utils import TokenBytes, token_byte_table
 from tune.utils import get_logger
 
 _log = get_logger(__name__)
@@ -79,6 +80,7 @@ class ByteLevelEngine:
         self._first_chars = frozenset(t[0] for t in added if t)  # a text without any of them holds no added token
         self.num_bytes = {rank: len(token) for token, rank in ranks.items()}
         self.num_bytes.update((i, len(content.encode("utf-8"))) for content, i in added.items())
+        self.token_bytes = TokenBytes(token_byte_table(self.num_bytes), 0, self.tiles)
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> "ByteLevelEngine | None":
@@ -145,9 +147,13 @@ class ByteLevelEngine:
 
     def token_lengths(self, text: str, ids: list[int]) -> list[int] | None:
         """Each token's length in UTF-8 bytes of ``text`` (they tile it), or None when NFC changes the text."""
-        if self._nfc and not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        if not self.tiles(text):
             return None
         return list(map(self.num_bytes.__getitem__, ids))
+
+    def tiles(self, text: str) -> bool:
+        """Whether the tokens of ``text`` tile its UTF-8 bytes (not when NFC normalisation changes the text)."""
+        return not self._nfc or text.isascii() or unicodedata.is_normalized("NFC", text)
 
     def agrees_with(self, tokenizer: Any, texts: list[str]) -> bool:
         """Whether the engine gives ``tokenizer``'s ids on ``texts`` (logs a warning when not)."""

@@ -220,7 +220,7 @@ class HuggingFaceBaseTokenizer:
         try:
             return encode_chunked_flat(
                 conversations, self.token_id, encode_batch, self._encode_with_byte_offsets_batch,
-                token_lengths=engine.token_lengths,
+                token_bytes=engine.token_bytes,
             )  # fmt: skip
         except _EngineDisagrees:
             self._engine = None

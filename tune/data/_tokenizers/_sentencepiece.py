@@ -6,8 +6,16 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._utils import FlatEncoding, encode_chunked_flat, require_file, unreadable_file
+from tune.data._tokenizers._utils import (
+    FlatEncoding,
+    TokenBytes,
+    encode_chunked_flat,
+    require_file,
+    unreadable_file,
+)
 
 _OTHER_KINDS = (
     " A Llama 3 tokenizer.model is a tiktoken file and a tokenizer.json needs the Hugging Face loader: use the "
@@ -57,6 +65,10 @@ def _splits_at_words(serialized_model: bytes) -> "tuple[bool, tuple[str, ...]] |
     ):
         return None
     return bool(normalizer.add_dummy_prefix), user_pieces
+
+
+def _without_literal_space_piece(text: str) -> bool:
+    return "\u2581" not in text
 
 
 class SentencePieceBaseTokenizer:
@@ -114,7 +126,11 @@ class SentencePieceBaseTokenizer:
 
     def __getstate__(self) -> dict:
         # the word caches are a speed-up, not part of the tokenizer: keep them out of pickles and cache keys
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_first_words", "_later_words", "_piece_bytes")}
+        state = {
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("_first_words", "_later_words", "_piece_bytes", "_piece_bytes_table")
+        }
         # a frozenset pickles in hash order, which changes from process to process (and so would the datasets
         # cache key): store it sorted
         state["_rstrip"] = sorted(self._rstrip)
@@ -211,7 +227,7 @@ class SentencePieceBaseTokenizer:
         """:meth:`encode_segments_batch` with the conversations end to end (see :class:`FlatEncoding`)."""
         return encode_chunked_flat(
             conversations, self.token_id, self._encode_batch, self._encode_with_offsets_batch, self._rstrip,
-            self._prepare_separate, self._token_lengths if self._piece_byte_lengths() is not None else None,
+            self._prepare_separate, self._token_bytes(),
         )  # fmt: skip
 
     def _piece_byte_lengths(self) -> list[int] | None:
@@ -231,15 +247,17 @@ class SentencePieceBaseTokenizer:
             self._piece_bytes = lengths
         return lengths
 
-    def _token_lengths(self, text: str, ids: list[int]) -> list[int] | None:
-        """Byte lengths of the tokens of ``text`` encoded whole: the first token's dummy-prefix "▁" stands for no
-        byte of the text. None when the text holds a literal "▁" (three bytes that become a one-space piece)."""
-        if "\u2581" in text:
-            return None
-        lengths = list(map(self._piece_bytes.__getitem__, ids))
-        if lengths and self._dummy_prefix:
-            lengths[0] -= 1
-        return lengths
+    def _token_bytes(self) -> TokenBytes | None:
+        """Bytes per piece for :func:`encode_chunked_flat` (None for models that do not encode by words): the first
+        token's dummy-prefix "▁" stands for no byte of the text, and a text holding a literal "▁" (three bytes that
+        become a one-space piece) is not tiled by its tokens."""
+        table = self.__dict__.get("_piece_bytes_table")
+        if table is None:
+            lengths = self._piece_byte_lengths()
+            if lengths is None:
+                return None
+            table = self._piece_bytes_table = np.asarray(lengths, dtype=np.int64)
+        return TokenBytes(table, 1 if self._dummy_prefix else 0, _without_literal_space_piece)
 
     def _encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self._by_words and len(texts) >= _MIN_BATCH:

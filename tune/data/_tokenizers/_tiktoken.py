@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._utils import FlatEncoding, TokenizerFileError, encode_chunked_flat, require_file
+from tune.data._tokenizers._utils import (
+    FlatEncoding,
+    TokenBytes,
+    TokenizerFileError,
+    encode_chunked_flat,
+    require_file,
+    token_byte_table,
+)
 
 # tiktoken is quadratic on very long runs of whitespace (or of non-whitespace), and refuses strings over ~400k
 # characters; long inputs are cut into pieces that stay under both limits before encoding.
@@ -66,6 +73,10 @@ def _split_long(text: str) -> list[str]:
     return pieces
 
 
+def _always(text: str) -> bool:
+    return True
+
+
 class TikTokenBaseTokenizer:
     """Text <-> ids with a tiktoken BPE file, a pre-tokenisation regex and special tokens.
 
@@ -109,7 +120,7 @@ class TikTokenBaseTokenizer:
 
     def __getstate__(self) -> dict:
         # the short-text cache is a speed-up, not part of the tokenizer: kept out of pickles and cache keys
-        return {k: v for k, v in self.__dict__.items() if k != "_short_texts"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_short_texts", "_bytes_table")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -209,9 +220,12 @@ class TikTokenBaseTokenizer:
         """:meth:`encode_segments_batch` with the conversations end to end (see :class:`FlatEncoding`)."""
         return encode_chunked_flat(
             conversations, self.token_id, self._encode_batch, self._encode_with_offsets_batch,
-            token_lengths=self._token_lengths,
+            token_bytes=self._token_bytes(),
         )  # fmt: skip
 
-    def _token_lengths(self, text: str, ids: list[int]) -> list[int]:
-        """Byte lengths of the tokens of ``text``: byte-level BPE tokens tile the text's UTF-8 bytes."""
-        return list(map(self._num_bytes.__getitem__, ids))
+    def _token_bytes(self) -> TokenBytes:
+        """Bytes per token id: byte-level BPE tokens tile the text's UTF-8 bytes."""
+        table = self.__dict__.get("_bytes_table")
+        if table is None:
+            table = self._bytes_table = token_byte_table(self._num_bytes)
+        return TokenBytes(table, 0, _always)

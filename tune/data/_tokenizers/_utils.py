@@ -1,7 +1,6 @@
 """Helpers shared by the text tokenizers: truncation and turning rendered segments into tokens plus flags."""
 
 import array
-import bisect
 import itertools
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -142,32 +141,64 @@ def flags_from_lengths(lengths: Sequence[int], runs: Sequence[tuple[int, bool]])
     :func:`byte_runs`).
 
     Same rule as :func:`token_flags` (trained when any byte it covers is; an empty token takes the flag of the
-    byte at its start), in O(runs x log tokens) list operations instead of a pass over every byte.
+    byte at its start). One text of :func:`flags_from_lengths_batch`.
     """
-    return list(map(bool, _length_flags(lengths, runs)))
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    return flags_from_lengths_batch(lengths, np.asarray([len(lengths)]), [runs]).tolist()
 
 
-def _length_flags(lengths: Sequence[int], runs: Sequence[tuple[int, bool]]) -> bytearray:
-    """:func:`flags_from_lengths` as one byte (0 or 1) per token."""
-    ends = list(itertools.accumulate(lengths))
-    num_tokens = len(ends)
-    out = bytearray(num_tokens)
-    if not num_tokens or not runs:
-        return out
-    start = 0
-    for end, trained in runs:
-        if trained and end > start:
-            first = bisect.bisect_right(ends, start)  # first token ending after the run starts
-            stop = min(bisect.bisect_left(ends, end) + 1, num_tokens)  # past the last token starting before its end
-            out[first:stop] = b"\x01" * (stop - first)
-        start = end
-    if 0 in lengths:  # an empty token (SentencePiece's dummy-prefix "▁" alone) takes the flag at its position
-        last = runs[-1][0] - 1
-        for i, length in enumerate(lengths):
-            if not length:
-                position = min(ends[i], last)
-                out[i] = next(trained for end, trained in runs if end > position)
-    return out
+def flags_from_lengths_batch(
+    lengths: np.ndarray, counts: np.ndarray, runs: Sequence[Sequence[tuple[int, bool]]]
+) -> np.ndarray:
+    """:func:`flags_from_lengths` of several texts at once, in array operations over all their tokens.
+
+    Args:
+        lengths (np.ndarray): every text's token lengths (UTF-8 bytes), text after text.
+        counts (np.ndarray): tokens per text.
+        runs (Sequence[Sequence[tuple[int, bool]]]): per text, its ``(end, trainable)`` runs of bytes.
+
+    Returns:
+        np.ndarray: bool per token.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, dtype=np.bool_)
+    # every text's bytes placed one after another: text t starts at base[t]
+    sizes = np.fromiter((r[-1][0] if r else 0 for r in runs), dtype=np.int64, count=len(runs))
+    base = np.cumsum(sizes) - sizes
+    run_counts = np.fromiter(map(len, runs), dtype=np.int64, count=len(runs))
+    flat_runs = np.array([run for r in runs for run in r], dtype=np.int64).reshape(-1, 2)
+    if not len(flat_runs):
+        return np.zeros(total, dtype=np.bool_)
+    run_end = flat_runs[:, 0] + np.repeat(base, run_counts)
+    run_trained = flat_runs[:, 1].astype(np.bool_)
+    run_start = np.concatenate(([0], run_end[:-1]))
+    firsts = np.cumsum(run_counts) - run_counts
+    run_start[firsts[run_counts > 0]] = base[run_counts > 0]
+    run_start = np.minimum(run_start, run_end)
+    trained_before = np.concatenate(([0], np.cumsum((run_end - run_start) * run_trained)))  # bytes, before run r
+
+    def trained_bytes_before(x: np.ndarray) -> np.ndarray:
+        r = np.minimum(np.searchsorted(run_end, x, side="right"), len(run_end) - 1)
+        inside = np.clip(x - run_start[r], 0, run_end[r] - run_start[r])
+        return trained_before[r] + inside * run_trained[r]
+
+    ends_global = np.cumsum(lengths)
+    first_token = np.cumsum(counts) - counts
+    text_start_global = np.repeat(ends_global[first_token] - lengths[first_token] if len(first_token) else [], counts)
+    token_base = np.repeat(base, counts)
+    end = ends_global - text_start_global + token_base
+    start = end - lengths
+    trained = trained_bytes_before(end) > trained_bytes_before(start)
+    empty = lengths == 0
+    if empty.any():  # an empty token (SentencePiece's dummy-prefix "▁" alone) takes the flag of the byte it is at
+        last = np.repeat(base + np.maximum(sizes, 1) - 1, counts)
+        at = np.minimum(end[empty], last[empty])
+        r = np.minimum(np.searchsorted(run_end, at, side="right"), len(run_end) - 1)
+        trained[empty] = run_trained[r]
+    has_runs = np.repeat(run_counts > 0, counts)
+    return trained & has_runs
 
 
 def _flags_of_runs(runs: Sequence[tuple[int, bool]]) -> bytearray:
@@ -240,6 +271,30 @@ def _no_prefix(text: str, trim_leading_whitespace: bool) -> tuple[str, int]:
     return text, 0
 
 
+class TokenBytes(NamedTuple):
+    """How many UTF-8 bytes of a text each token id stands for, for tokenizers whose tokens tile the text (byte-level
+    BPE; SentencePiece BPE with identity normalisation), so that the loss mask of a text mixing trained and
+    untrained parts follows from the ids alone (:func:`flags_from_lengths_batch`).
+
+    Attributes:
+        table (np.ndarray): bytes per token id.
+        leading (int): bytes of a text's first token that are not in the text (SentencePiece's dummy-prefix "▁").
+        tiles (Callable[[str], bool]): whether a text's tokens tile it; False (a literal "▁", a text that NFC
+            normalisation changes) sends the text to the offsets path.
+    """
+
+    table: np.ndarray
+    leading: int
+    tiles: Callable[[str], bool]
+
+
+def token_byte_table(num_bytes: "dict[int, int]") -> np.ndarray:
+    """A :class:`TokenBytes` table from ``{token id: bytes}`` (ids missing from it stand for no bytes)."""
+    table = np.zeros(max(num_bytes, default=-1) + 1, dtype=np.int64)
+    table[np.fromiter(num_bytes.keys(), dtype=np.int64)] = np.fromiter(num_bytes.values(), dtype=np.int64)
+    return table
+
+
 def encode_chunked_batch(
     conversations: Sequence[Sequence[Segment]],
     special_id: Callable[[str], int],
@@ -247,11 +302,11 @@ def encode_chunked_batch(
     encode_with_offsets_batch: Callable[[list[str]], list[tuple[list[int], list[tuple[int, int]]]]],
     rstrip: "frozenset[str]" = frozenset(),
     prepare_separate: PrepareSeparate = _no_prefix,
-    token_lengths: Callable[[str, list[int]], "list[int] | None"] | None = None,
+    token_bytes: TokenBytes | None = None,
 ) -> list[tuple[list[int], list[bool]]]:
     """:func:`encode_chunked_flat`, one ``(tokens, trainable)`` pair of lists per conversation."""
     return encode_chunked_flat(
-        conversations, special_id, encode_batch, encode_with_offsets_batch, rstrip, prepare_separate, token_lengths
+        conversations, special_id, encode_batch, encode_with_offsets_batch, rstrip, prepare_separate, token_bytes
     ).split()
 
 
@@ -295,7 +350,7 @@ def encode_chunked_flat(
     encode_with_offsets_batch: Callable[[list[str]], list[tuple[list[int], list[tuple[int, int]]]]],
     rstrip: "frozenset[str]" = frozenset(),
     prepare_separate: PrepareSeparate = _no_prefix,
-    token_lengths: Callable[[str, list[int]], "list[int] | None"] | None = None,
+    token_bytes: TokenBytes | None = None,
 ) -> FlatEncoding:
     """Encodes rendered conversations for tokenizers that split the text at special tokens first (SentencePiece,
     tiktoken), with one batch call to the backend for all the texts of all the conversations.
@@ -305,10 +360,10 @@ def encode_chunked_flat(
     a trained segment. A ``separate`` segment is encoded on its own (``prepare_separate`` may prefix it with text
     whose tokens are then dropped). Whitespace right after a special token named in ``rstrip`` is dropped, as
     Hugging Face does for added tokens marked ``rstrip`` (Phi-3's ``<|user|>``, ``<|end|>``, ...). Offsets (UTF-8
-    byte spans) are only computed for chunks that mix trained and untrained text; with ``token_lengths`` (a text
-    and its ids -> each token's length in UTF-8 bytes of the text, the tokens tiling it, or None when it cannot
-    tell) such chunks are encoded with ``encode_batch`` like the others and the flags follow from the lengths
-    (:func:`flags_from_lengths`).
+    byte spans) are only computed for chunks that mix trained and untrained text; with ``token_bytes`` (each
+    token's length in UTF-8 bytes, for tokenizers whose tokens tile the text) such chunks are encoded with
+    ``encode_batch`` like the others and the flags follow from the lengths, for the whole batch at once
+    (:func:`flags_from_lengths_batch`).
 
     Returns:
         FlatEncoding: the conversations' tokens and trainable flags, end to end.
@@ -322,7 +377,7 @@ def encode_chunked_flat(
             special_ids[token] = special_id(token)
         return special_ids[token]
 
-    by_lengths = token_lengths is not None
+    by_lengths = token_bytes is not None
     plans = [
         _plan(segments, cached_special_id, rstrip, prepare_separate, texts, mixed, by_lengths)
         for segments in conversations
@@ -330,6 +385,9 @@ def encode_chunked_flat(
     encoded = encode_batch(texts) if texts else []
     mixed_encoded = encode_with_offsets_batch([text for text, _ in mixed]) if mixed else []
     tokens, trainable, lengths = array.array("i"), bytearray(), []
+    by_length_at: list[int] = []  # first token of each text whose flags follow from token lengths
+    by_length_counts: list[int] = []
+    by_length_runs: list = []
     on, off = b"\x01", b"\x00"
     for plan in plans:
         start = len(tokens)
@@ -343,18 +401,30 @@ def encode_chunked_flat(
                 trainable += (on if part[2] else off) * len(ids)
             elif part[0] == _MIXED_BY_LENGTHS:
                 ids = encoded[part[1]]
-                tokens.extend(ids)
-                lengths_of = token_lengths(texts[part[1]], ids)
-                if lengths_of is not None:
-                    trainable += _length_flags(lengths_of, part[2])
-                else:  # the tokenizer cannot tell the lengths for this text: take the offsets
-                    ids, offsets = encode_with_offsets_batch([texts[part[1]]])[0]
+                if token_bytes.tiles(texts[part[1]]):  # flags for the whole batch after this loop
+                    by_length_at.append(len(tokens))
+                    by_length_counts.append(len(ids))
+                    by_length_runs.append(part[2])
+                    trainable += bytes(len(ids))
+                else:  # the tokens do not tile this text: take the offsets
+                    _, offsets = encode_with_offsets_batch([texts[part[1]]])[0]
                     trainable.extend(token_flags(offsets, _flags_of_runs(part[2])))
+                tokens.extend(ids)
             else:
                 ids, offsets = mixed_encoded[part[1]]
                 tokens.extend(ids)
                 trainable.extend(token_flags(offsets, mixed[part[1]][1]))
         lengths.append(len(tokens) - start)
+    if by_length_at:
+        counts = np.asarray(by_length_counts, dtype=np.int64)
+        at = np.asarray(by_length_at, dtype=np.int64)
+        index = np.repeat(at - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        token_lengths = token_bytes.table[np.frombuffer(tokens, dtype=np.int32)[index]]
+        if token_bytes.leading:
+            nonempty = counts > 0
+            token_lengths[(np.cumsum(counts) - counts)[nonempty]] -= token_bytes.leading
+        flags = flags_from_lengths_batch(token_lengths, counts, by_length_runs)
+        np.frombuffer(trainable, dtype=np.uint8)[index] = flags
     return FlatEncoding(tokens, trainable, lengths)
 
 
