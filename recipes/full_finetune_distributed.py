@@ -171,11 +171,11 @@ class FullFinetuneRecipeDistributed:
                 self._sharded_state(epoch), epoch=self.epochs_run, step=self.global_step, config=self._cfg
             )
         full_state = training.gather_cpu_state_dict(self._model)  # a collective; only rank 0 receives it
-        if self._is_rank_zero:
-            self._checkpointer.save_checkpoint(
-                {training.MODEL_KEY: full_state}, epoch=self.epochs_run, step=self.global_step, config=self._cfg
-            )
-        dist.barrier()
+        with training.errors_on_all_ranks():  # the others wait for rank 0's save, and stop with it if it fails
+            if self._is_rank_zero:
+                self._checkpointer.save_checkpoint(
+                    {training.MODEL_KEY: full_state}, epoch=self.epochs_run, step=self.global_step, config=self._cfg
+                )
 
     def _sharded_state(self, epoch: int) -> dict[str, Any]:
         return {
@@ -246,8 +246,9 @@ class FullFinetuneRecipeDistributed:
         """Builds the metric logger, model, tokenizer, optimizer, loss, data, LR scheduler and profiler."""
         self._cfg = cfg
         self._keep_last_n_checkpoints = cfg.keep_last_n_checkpoints
-        self._metric_logger = config.instantiate(cfg.metric_logger)  # writes on rank 0 only
-        self._metric_logger.log_config(cfg)
+        with training.errors_on_all_ranks():  # the logger writes on rank 0 only: its failure stops every rank
+            self._metric_logger = config.instantiate(cfg.metric_logger)
+            self._metric_logger.log_config(cfg)
         ckpt = self.load_checkpoint(cfg.checkpointer)
         self._model_converters = config.instantiate(cfg.model_converters) or []
         self._model = self._setup_model(cfg, ckpt[training.MODEL_KEY])
@@ -273,7 +274,8 @@ class FullFinetuneRecipeDistributed:
         self._profiler = config.instantiate(cfg.profiler) if cfg.profiler is not None else training.DummyProfiler()
         if self._resume:
             self._restore_recipe_state()
-        config.save_config(cfg, self._output_dir)
+        with training.errors_on_all_ranks():  # written by rank 0
+            config.save_config(cfg, self._output_dir)
 
     def _setup_model(self, cfg: DictConfig, full_state_dict: dict[str, Any]) -> nn.Module:
         with training.set_default_dtype(self._dtype), torch.device("meta"):
@@ -418,7 +420,8 @@ class FullFinetuneRecipeDistributed:
                 if self.global_step % self._log_every_n_steps == 0:
                     loss = self._mean_loss_since_log() / steps_since_log
                     metrics = self._step_metrics(loss, grad_norm, throughput.compute(), aux_metrics, optimizer_metrics)
-                    self._metric_logger.log_dict(metrics, step=self.global_step)
+                    with training.errors_on_all_ranks():  # rank 0 writes; a failed write stops every rank
+                        self._metric_logger.log_dict(metrics, step=self.global_step)
                     pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {metrics['loss']:.4f}")
                     pbar.set_postfix(tokens_per_second=f"{metrics['tokens_per_second']:.0f}")
                     self._loss_since_log.zero_()
@@ -480,7 +483,8 @@ class FullFinetuneRecipeDistributed:
             all_reduce=training.all_reduce_sum,
         )
         self._model.train()
-        self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
+        with training.errors_on_all_ranks():
+            self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
         log_info("Step %d: validation loss %.4f over %d tokens.", self.global_step, val_loss, num_tokens)
         return val_loss
 

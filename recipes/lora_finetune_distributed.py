@@ -190,24 +190,24 @@ class LoRAFinetuneRecipeDistributed:
         # a collective; only rank 0 receives the full tensors (NF4 base weights dequantised)
         key_filter = is_adapter_key if self._save_adapter_weights_only else None
         full_state = training.gather_cpu_state_dict(self._model, key_filter=key_filter)
-        if self._is_rank_zero:
-            state = {
-                training.ADAPTER_KEY: get_adapter_state_dict(full_state),
-                training.ADAPTER_CONFIG: self._adapter_config,
-            }
-            if not self._save_adapter_weights_only:
-                # the merged model has the base architecture: it loads without any LoRA code
-                state[training.MODEL_KEY] = get_merged_lora_ckpt(
-                    full_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"]
+        with training.errors_on_all_ranks():  # the others wait for rank 0's save, and stop with it if it fails
+            if self._is_rank_zero:
+                state = {
+                    training.ADAPTER_KEY: get_adapter_state_dict(full_state),
+                    training.ADAPTER_CONFIG: self._adapter_config,
+                }
+                if not self._save_adapter_weights_only:
+                    # the merged model has the base architecture: it loads without any LoRA code
+                    state[training.MODEL_KEY] = get_merged_lora_ckpt(
+                        full_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"]
+                    )
+                self._checkpointer.save_checkpoint(
+                    state,
+                    epoch=self.epochs_run,
+                    step=self.global_step,
+                    adapter_only=self._save_adapter_weights_only,
+                    config=self._cfg,
                 )
-            self._checkpointer.save_checkpoint(
-                state,
-                epoch=self.epochs_run,
-                step=self.global_step,
-                adapter_only=self._save_adapter_weights_only,
-                config=self._cfg,
-            )
-        dist.barrier()
 
     def _sharded_state(self, epoch: int) -> dict[str, Any]:
         return {
@@ -282,8 +282,9 @@ class LoRAFinetuneRecipeDistributed:
         """Builds the metric logger, model, tokenizer, optimizer, loss, data, LR scheduler and profiler."""
         self._cfg = cfg
         self._keep_last_n_checkpoints = cfg.keep_last_n_checkpoints
-        self._metric_logger = config.instantiate(cfg.metric_logger)  # writes on rank 0 only
-        self._metric_logger.log_config(cfg)
+        with training.errors_on_all_ranks():  # the logger writes on rank 0 only: its failure stops every rank
+            self._metric_logger = config.instantiate(cfg.metric_logger)
+            self._metric_logger.log_config(cfg)
         ckpt = self.load_checkpoint(cfg.checkpointer)
         self._model_converters = config.instantiate(cfg.model_converters) or []
         self._model = self._setup_model(cfg, ckpt[training.MODEL_KEY], ckpt.get(training.ADAPTER_KEY))
@@ -309,7 +310,8 @@ class LoRAFinetuneRecipeDistributed:
         self._profiler = config.instantiate(cfg.profiler) if cfg.profiler is not None else training.DummyProfiler()
         if self._resume:
             self._restore_recipe_state()
-        config.save_config(cfg, self._output_dir)
+        with training.errors_on_all_ranks():  # written by rank 0
+            config.save_config(cfg, self._output_dir)
 
     def _setup_model(
         self, cfg: DictConfig, base_state_dict: dict[str, Any], adapter_state_dict: dict[str, Any] | None
@@ -504,7 +506,8 @@ class LoRAFinetuneRecipeDistributed:
                 if self.global_step % self._log_every_n_steps == 0:
                     loss = self._mean_loss_since_log() / steps_since_log
                     metrics = self._step_metrics(loss, grad_norm, throughput.compute(), aux_metrics, optimizer_metrics)
-                    self._metric_logger.log_dict(metrics, step=self.global_step)
+                    with training.errors_on_all_ranks():  # rank 0 writes; a failed write stops every rank
+                        self._metric_logger.log_dict(metrics, step=self.global_step)
                     pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {metrics['loss']:.4f}")
                     pbar.set_postfix(tokens_per_second=f"{metrics['tokens_per_second']:.0f}")
                     self._loss_since_log.zero_()
@@ -569,7 +572,8 @@ class LoRAFinetuneRecipeDistributed:
             all_reduce=training.all_reduce_sum,
         )
         self._model.train()
-        self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
+        with training.errors_on_all_ranks():
+            self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
         log_info("Step %d: validation loss %.4f over %d tokens.", self.global_step, val_loss, num_tokens)
         return val_loss
 

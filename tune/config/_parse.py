@@ -1,7 +1,10 @@
 import argparse
+import contextlib
 import functools
+import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,8 +47,9 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
     the config lists under ``imports:`` are imported before ``recipe_main`` runs (see
     :func:`~tune.config.import_modules`). A :class:`~tune.config.TuneError` (a bad config, override or name, or a
     module of ``imports:`` that cannot be imported), from loading or from inside ``recipe_main``, is printed as
-    one ``error:`` line and exits with
-    status 1 (``TUNE_DEBUG=1`` raises it with its traceback instead).
+    one ``error:`` line and exits with status 1 (``TUNE_DEBUG=1`` raises it with its traceback instead). Under
+    torchrun only rank 0 prints it, and every other rank exits with status 1 silently: the ranks of a distributed
+    recipe raise a ``TuneError`` together (see :func:`tune.training.errors_on_all_ranks`).
 
     Args:
         recipe_main (Callable[[DictConfig], Any]): the function taking the loaded config.
@@ -70,10 +74,34 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
         except TuneError as err:
             if os.environ.get("TUNE_DEBUG") == "1":
                 raise
-            print(f"{prog}: error: {err}", file=sys.stderr)
+            # under torchrun every rank raises the same error together (the same config, or a failed write shared
+            # by tune.training.errors_on_all_ranks): rank 0 prints it, the others only exit with the same status.
+            # Every rank also leaves it in torchrun's error file, so that torchrun's summary of the first rank to
+            # fail says why, also when that rank alone failed (a file missing on one node)
+            if os.environ.get("RANK", "0") == "0":
+                print(f"{prog}: error: {err}", file=sys.stderr)
+            _record_for_torchrun(err)
             raise SystemExit(1) from None
 
     return main
+
+
+def _record_for_torchrun(err: TuneError) -> None:
+    """Writes ``err`` where torchrun reads a failed worker's cause (``TORCHELASTIC_ERROR_FILE``, in the JSON layout
+    of torch's elastic error handler); nothing outside torchrun."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    said = f"{type(err).__name__}: {err}"
+    data = {"message": {"message": said, "extraInfo": {"py_callstack": said, "timestamp": str(int(time.time()))}}}
+    temp = f"{path}.{os.getpid()}.tmp"
+    try:  # whole or not at all (the disk may be full): torchrun fails on a file it cannot parse
+        with open(temp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(temp, path)
+    except OSError:  # the summary then says less; the exit status is what matters
+        with contextlib.suppress(OSError):
+            os.remove(temp)
 
 
 def _parser(prog: str, recipe_main: Callable[..., Any]) -> argparse.ArgumentParser:

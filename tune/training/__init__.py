@@ -17,6 +17,7 @@ from tune.training._activations import (
 from tune.training._compile import compile_loss, compile_model
 from tune.training._distributed import (
     all_reduce_sum,
+    errors_on_all_ranks,
     gather_cpu_state_dict,
     init_adapters,
     init_distributed,
@@ -115,6 +116,7 @@ __all__ = [
     "configure_cpu_allocator",
     "count_tokens",
     "data_parallel_rank_and_size",
+    "errors_on_all_ranks",
     "family_shard_conditions",
     "family_tensor_parallel_plan",
     "gather_cpu_state_dict",

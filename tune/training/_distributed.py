@@ -1,14 +1,19 @@
-"""FSDP2 helpers for the distributed recipes: process group, sharding, loading and gathering state dicts.
+"""FSDP2 helpers for the distributed recipes: process group, sharding, loading and gathering state dicts, and
+stopping every rank together when a write on one of them fails.
 
 The model is written for one device; these functions shard it from outside with
 ``torch.distributed.fsdp.fully_shard`` (one FSDP unit per transformer layer, plus the root), load a full
 checkpoint straight into the shards, and gather full weights back for saving.
 """
 
+import atexit
+import contextlib
+import gc
 import os
+import pickle
 import random
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -17,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tune.modules.peft import DoRALinear, LoRALinear, check_nf4_shardable, dequantize, is_nf4_tensor, to_nf4
-from tune.utils import get_logger, get_rank
+from tune.utils import TuneError, get_logger, get_rank
 
 log = get_logger(__name__)
 
@@ -51,7 +56,8 @@ def init_distributed(backend: str | None = None, timeout_seconds: float | None =
 
     Outside torchrun (no ``RANK``/``WORLD_SIZE`` in the environment) it starts a one-process group on a free
     local port, so a distributed recipe also runs as a plain single process. Under NCCL each process is bound to
-    the GPU ``LOCAL_RANK``.
+    the GPU ``LOCAL_RANK``. A group this call initialised is destroyed when the process exits, if the recipe has
+    not done so (it stopped with an error during setup, say).
 
     Args:
         backend (str | None): ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``...; ``None`` picks nccl when CUDA
@@ -77,7 +83,19 @@ def init_distributed(backend: str | None = None, timeout_seconds: float | None =
     else:
         log.info("No torchrun environment found: starting a one-process group (world size 1).")
         dist.init_process_group(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, **kwargs)
+    atexit.unregister(_destroy_at_exit)  # once, however many groups a process initialises in turn
+    atexit.register(_destroy_at_exit)
     return True
+
+
+def _destroy_at_exit() -> None:
+    # A gloo group destroyed while the interpreter shuts down may abort the process ("terminate called without an
+    # active exception", SIGABRT) instead of letting it exit with its own status: this happens when a recipe stops
+    # with an error before its cleanup. Destroy the group now, and collect the recipe's objects that keep the
+    # subgroups of its device mesh (a DeviceMesh holds its ProcessGroups after destroy_process_group).
+    if is_distributed():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -117,6 +135,64 @@ def sync_seed(seed: int | None) -> int | None:
     drawn = [random.SystemRandom().randint(0, 2**32 - 1) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(drawn, src=0)
     return drawn[0]
+
+
+@contextlib.contextmanager
+def errors_on_all_ranks() -> Iterator[None]:
+    """Raises an error of the block on every rank, so that all ranks stop together at the end of the block.
+
+    For the writes that rank 0 alone makes in a distributed recipe (the metric log, the gathered model, the run's
+    config): without it, a write that fails on rank 0 (a full disk, reported as one
+    :class:`~tune.utils.TuneError` line) stops rank 0 only, and the other ranks learn of it in their next
+    collective, as a lost connection with a traceback. Every rank enters the block; rank 0 writes (a metric logger
+    is a no-op on the other ranks; a save sits under ``if rank == 0``)::
+
+        with training.errors_on_all_ranks():
+            metric_logger.log_dict(metrics, step=step)
+
+    On leaving the block the ranks share their outcome in one small collective (``all_gather_object``), which
+    also makes it a barrier: use it at logging and saving steps, never per micro-batch. A rank whose block raised
+    raises its own exception; when only other ranks raised, a rank raises the error of the lowest of them: a
+    ``TuneError`` as the same class with the same message, another exception (a bug, whose traceback that rank
+    prints) as a ``TuneError`` naming the rank and the exception. The recipe entry point prints a ``TuneError``
+    on rank 0 only, so the user reads one line. Without a process group, or with one rank, the block runs as it
+    is, with no collective.
+
+    Raises:
+        TuneError: the error a rank's block raised (its own class, e.g. ``MetricLoggerError``), on every rank.
+    """
+    if not is_distributed() or dist.get_world_size() == 1:
+        yield
+        return
+    failure = None
+    try:
+        yield
+    except Exception as error:  # not KeyboardInterrupt: an interrupt reaches every rank by itself
+        failure = error
+    outcomes: list[TuneError | str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, None if failure is None else _shareable(failure))
+    if failure is not None:
+        raise failure
+    for rank, outcome in enumerate(outcomes):
+        if isinstance(outcome, TuneError):
+            raise outcome
+        if outcome is not None:
+            raise TuneError(f"Rank {rank} stopped with {outcome} (its traceback is in its output); every rank stops.")
+
+
+def _shareable(error: Exception) -> TuneError | str:
+    # what the other ranks raise: a TuneError that survives pickling unchanged (class, attributes, message), else a
+    # plain TuneError with its message (a subclass whose __init__ takes other arguments); for another exception, its
+    # class name and message
+    if not isinstance(error, TuneError):
+        return f"{type(error).__name__}: {error}"
+    try:
+        copy = pickle.loads(pickle.dumps(error))
+    except Exception:
+        copy = None
+    if type(copy) is type(error) and str(copy) == str(error):
+        return error
+    return TuneError(str(error))
 
 
 def init_adapters(model: nn.Module, device: torch.device | str) -> int:
