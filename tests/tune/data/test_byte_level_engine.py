@@ -136,3 +136,21 @@ def test_pickled_state_does_not_change_with_the_engine(hf):
     assert pickle.dumps(hf.__getstate__()) == before  # the datasets cache key does not depend on first use
     clone = pickle.loads(pickle.dumps(hf))
     assert clone._byte_level_engine() is not None
+
+
+def test_the_check_goes_on_after_the_first_texts(hf, caplog, monkeypatch):
+    # past its first texts the engine is still checked, on one text in every CHECK_EVERY: a difference there drops
+    # it too (and that batch comes from tokenizers)
+    from tune.data._tokenizers._byte_level import CHECK_EVERY
+
+    conversations = [_messages(c) for c in random_conversations(count=10, seed=6)]
+    segments = [[s for m in c for s in _render(m)] for c in conversations]
+    expected = HuggingFaceBaseTokenizer.encode_segments_batch(_without_engine(hf), segments)
+    engine = hf._byte_level_engine()
+    assert hf.encode_segments_batch(segments) == expected  # the first texts: checked, and equal
+    engine.texts_seen = 5 * CHECK_EVERY - 1  # the batch's second text is the next one checked
+    real = ByteLevelEngine.encode_batch
+    monkeypatch.setattr(engine, "encode_batch", lambda texts: [[0] + ids for ids in real(engine, texts)])
+    with caplog.at_level(logging.WARNING):
+        assert hf.encode_segments_batch(segments) == expected
+    assert "disagree" in caplog.text and hf._byte_level_engine() is None

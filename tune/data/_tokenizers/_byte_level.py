@@ -5,8 +5,8 @@ objects with offsets): on Alpaca-sized texts it is about six times slower than t
 pre-tokenizer is one regex split followed by the byte-to-unicode mapping, and whose merges produce tokens in id
 order, is the same tokenizer as a tiktoken encoding with ``rank = id``: both split the text with the regex, map
 it to bytes and merge the adjacent pair that makes the lowest-ranked token until none is left. (A merge list
-that made a token of a pair other than its own merge could differ: the first texts of every batch are also
-encoded with ``tokenizers``, and the engine is dropped, with a warning, at the first difference.)
+that made a token of a pair other than its own merge could differ: the engine's first texts and then one in every
+64 are also encoded with ``tokenizers``, and the engine is dropped, with a warning, at the first difference.)
 
 Only what tiktoken has no part for is done here: added tokens inside a text are split off first (as
 ``tokenizers`` does before normalising), and text that is not ASCII is NFC-normalised when the tokenizer says so.
@@ -22,8 +22,9 @@ from tune.utils import get_logger
 
 _log = get_logger(__name__)
 
-# How many texts of each batch are also encoded with ``tokenizers`` to check the engine.
+# The engine's first texts are also encoded with ``tokenizers`` to check it, then one text in every CHECK_EVERY.
 CHECKED_TEXTS = 32
+CHECK_EVERY = 64
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -80,7 +81,8 @@ class ByteLevelEngine:
         self._first_chars = frozenset(t[0] for t in added if t)  # a text without any of them holds no added token
         self.num_bytes = {rank: len(token) for token, rank in ranks.items()}
         self.num_bytes.update((i, len(content.encode("utf-8"))) for content, i in added.items())
-        self.token_bytes = TokenBytes(token_byte_table(self.num_bytes), 0, self.tiles)
+        self.texts_seen = 0  # texts encoded so far (for the sampled check against tokenizers)
+        self.token_bytes = TokenBytes(token_byte_table(self.num_bytes), 0, self.tiles, self.num_bytes)
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> "ByteLevelEngine | None":

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from tune.data._chat_formats import Segment
-from tune.data._tokenizers._byte_level import CHECKED_TEXTS, ByteLevelEngine
+from tune.data._tokenizers._byte_level import CHECK_EVERY, CHECKED_TEXTS, ByteLevelEngine
 from tune.data._tokenizers._utils import (
     FlatEncoding,
     TokenizerFileError,
@@ -207,14 +207,19 @@ class HuggingFaceBaseTokenizer:
 
     def _encode_with_engine(self, engine: ByteLevelEngine, conversations: Sequence[Sequence[Segment]]):
         """The conversations' texts between special tokens encoded by the engine (None when it disagrees with
-        ``tokenizers`` on this batch's first texts: it is then dropped for good)."""
-        checked = []
+        ``tokenizers`` on the texts it checks: it is then dropped for good). The engine's first texts are all
+        checked, then one text in every CHECK_EVERY, so that a call per conversation does not pay for two
+        tokenizers."""
 
         def encode_batch(texts: list[str]) -> list[list[int]]:
-            if not checked:
-                if not engine.agrees_with(self._chat, texts[:CHECKED_TEXTS]):
-                    raise _EngineDisagrees
-                checked.append(True)
+            seen = engine.texts_seen
+            engine.texts_seen += len(texts)
+            if seen < CHECKED_TEXTS:
+                sample = texts[: CHECKED_TEXTS - seen]
+            else:
+                sample = texts[-seen % CHECK_EVERY :: CHECK_EVERY]  # the texts whose running number is a multiple
+            if sample and not engine.agrees_with(self._chat, sample):
+                raise _EngineDisagrees
             return engine.encode_batch(texts)
 
         try:

@@ -257,7 +257,7 @@ class SentencePieceBaseTokenizer:
             if lengths is None:
                 return None
             table = self._piece_bytes_table = np.asarray(lengths, dtype=np.int64)
-        return TokenBytes(table, 1 if self._dummy_prefix else 0, _without_literal_space_piece)
+        return TokenBytes(table, 1 if self._dummy_prefix else 0, _without_literal_space_piece, self._piece_bytes)
 
     def _encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self._by_words and len(texts) >= _MIN_BATCH:

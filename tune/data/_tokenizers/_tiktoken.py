@@ -228,4 +228,4 @@ class TikTokenBaseTokenizer:
         table = self.__dict__.get("_bytes_table")
         if table is None:
             table = self._bytes_table = token_byte_table(self._num_bytes)
-        return TokenBytes(table, 0, _always)
+        return TokenBytes(table, 0, _always, self._num_bytes)

@@ -1,6 +1,7 @@
 """Helpers shared by the text tokenizers: truncation and turning rendered segments into tokens plus flags."""
 
 import array
+import bisect
 import itertools
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -147,6 +148,30 @@ def flags_from_lengths(lengths: Sequence[int], runs: Sequence[tuple[int, bool]])
     return flags_from_lengths_batch(lengths, np.asarray([len(lengths)]), [runs]).tolist()
 
 
+def _length_flags(lengths: Sequence[int], runs: Sequence[tuple[int, bool]]) -> bytearray:
+    """:func:`flags_from_lengths` of one text as a byte (0 or 1) per token, with list operations (for a few texts,
+    where :func:`flags_from_lengths_batch`'s array set-up costs more than the work)."""
+    ends = list(itertools.accumulate(lengths))
+    num_tokens = len(ends)
+    out = bytearray(num_tokens)
+    if not num_tokens or not runs:
+        return out
+    start = 0
+    for end, trained in runs:
+        if trained and end > start:
+            first = bisect.bisect_right(ends, start)  # first token ending after the run starts
+            stop = min(bisect.bisect_left(ends, end) + 1, num_tokens)  # past the last token starting before its end
+            out[first:stop] = b"\x01" * (stop - first)
+        start = end
+    if 0 in lengths:  # an empty token (SentencePiece's dummy-prefix "▁" alone) takes the flag at its position
+        last = runs[-1][0] - 1
+        for i, length in enumerate(lengths):
+            if not length:
+                position = min(ends[i], last)
+                out[i] = next(trained for end, trained in runs if end > position)
+    return out
+
+
 def flags_from_lengths_batch(
     lengths: np.ndarray, counts: np.ndarray, runs: Sequence[Sequence[tuple[int, bool]]]
 ) -> np.ndarray:
@@ -211,6 +236,9 @@ def _flags_of_runs(runs: Sequence[tuple[int, bool]]) -> bytearray:
 
 # How a separate segment is encoded: (text) -> (text to encode, number of leading tokens to drop afterwards).
 PrepareSeparate = Callable[[str, bool], tuple[str, int]]
+
+# Below this many texts whose flags follow from token lengths, a batch computes them text by text.
+_MIN_VECTOR_TEXTS = 32
 
 # Parts of a planned conversation: a special token, a text with one flag, or a text mixing trained and untrained
 # (by offsets, or by token lengths when the tokenizer knows each token's length in the text).
@@ -281,11 +309,14 @@ class TokenBytes(NamedTuple):
         leading (int): bytes of a text's first token that are not in the text (SentencePiece's dummy-prefix "▁").
         tiles (Callable[[str], bool]): whether a text's tokens tile it; False (a literal "▁", a text that NFC
             normalisation changes) sends the text to the offsets path.
+        per_id (Sequence[int] | dict[int, int]): ``table`` as a Python sequence or mapping, for small batches,
+            where array operations cost more than they save.
     """
 
     table: np.ndarray
     leading: int
     tiles: Callable[[str], bool]
+    per_id: "Sequence[int] | dict[int, int]"  # the same lengths, for the few texts of a small batch (no numpy)
 
 
 def token_byte_table(num_bytes: "dict[int, int]") -> np.ndarray:
@@ -415,7 +446,14 @@ def encode_chunked_flat(
                 tokens.extend(ids)
                 trainable.extend(token_flags(offsets, mixed[part[1]][1]))
         lengths.append(len(tokens) - start)
-    if by_length_at:
+    if by_length_at and len(by_length_at) < _MIN_VECTOR_TEXTS:  # a few texts: array set-up would dominate
+        per_id, leading = token_bytes.per_id, token_bytes.leading
+        for at, count, runs in zip(by_length_at, by_length_counts, by_length_runs):
+            token_lengths = [per_id[i] for i in tokens[at : at + count]]
+            if token_lengths and leading:
+                token_lengths[0] -= leading
+            trainable[at : at + count] = _length_flags(token_lengths, runs)
+    elif by_length_at:
         counts = np.asarray(by_length_counts, dtype=np.int64)
         at = np.asarray(by_length_at, dtype=np.int64)
         index = np.repeat(at - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
