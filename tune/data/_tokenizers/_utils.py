@@ -257,42 +257,46 @@ def _plan(
     """Splits one conversation into parts; texts to encode are appended to ``texts``/``mixed`` (by index)."""
     plan: list[tuple] = []
     chunk: list[Segment] = []
-
-    def flush() -> None:
-        if not chunk:
-            return
-        if all(s.trainable == chunk[0].trainable for s in chunk):
-            plan.append((_TEXT, len(texts), chunk[0].trainable, 0))
-            texts.append("".join(s.text for s in chunk))
-        elif by_lengths:
-            text, runs = byte_runs(chunk)
-            plan.append((_MIXED_BY_LENGTHS, len(texts), runs))
-            texts.append(text)
-        else:
-            plan.append((_MIXED, len(mixed)))
-            mixed.append(byte_flags(chunk))
-        chunk.clear()
-
     strip_next = False
     for segment in segments:
         if segment.special:
-            flush()
+            if chunk:
+                _flush(chunk, plan, texts, mixed, by_lengths)
+                chunk = []
             plan.append((_SPECIAL, special_id(segment.text), segment.trainable))
-            strip_next = segment.text in rstrip
+            strip_next = bool(rstrip) and segment.text in rstrip
             continue
         text = segment.text.lstrip() if strip_next else segment.text
         if not text:
             continue
         strip_next = False
         if segment.separate:
-            flush()
+            if chunk:
+                _flush(chunk, plan, texts, mixed, by_lengths)
+                chunk = []
             text, drop = prepare_separate(text, segment.trim_leading_whitespace)
             plan.append((_TEXT, len(texts), segment.trainable, drop))
             texts.append(text)
         else:
             chunk.append(segment if text is segment.text else Segment(text, segment.trainable))
-    flush()
+    if chunk:
+        _flush(chunk, plan, texts, mixed, by_lengths)
     return plan
+
+
+def _flush(chunk: list[Segment], plan: list[tuple], texts: list[str], mixed: list, by_lengths: bool) -> None:
+    """Adds the plan part of consecutive text segments (joined: encoded as one text)."""
+    first = chunk[0].trainable
+    if len(chunk) == 1 or all(s.trainable == first for s in chunk):
+        plan.append((_TEXT, len(texts), first, 0))
+        texts.append(chunk[0].text if len(chunk) == 1 else "".join([s.text for s in chunk]))
+    elif by_lengths:
+        text, runs = byte_runs(chunk)
+        plan.append((_MIXED_BY_LENGTHS, len(texts), runs))
+        texts.append(text)
+    else:
+        plan.append((_MIXED, len(mixed)))
+        mixed.append(byte_flags(chunk))
 
 
 def _no_prefix(text: str, trim_leading_whitespace: bool) -> tuple[str, int]:
