@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.recipes.dist_utils import VAL, max_difference, run_distributed, train_log, validation_logits
-from tests.recipes.utils import ASSETS, run_recipe
+from tests.recipes.utils import ASSETS, random_peft_adapter, run_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -25,30 +25,12 @@ STEPS = 5
 COMMON = [f"max_steps_per_epoch={STEPS}", "shuffle=True"]
 
 
-def _peft_adapter(assets: Path, out: Path, use_dora: bool = False, model_dir: Path | None = None) -> Path:
-    """A PEFT adapter for the tiny Llama matching lora_tiny.yaml's layers, with random A and B."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaForCausalLM
-
-    base = LlamaForCausalLM.from_pretrained(model_dir or assets / "llama", dtype=torch.float32)
-    targets = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=targets, use_dora=use_dora, init_lora_weights=False)
-    model = get_peft_model(base, config)
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.normal_(0.0, 0.05)
-    model.save_pretrained(out)
-    return out
-
-
 def _overrides(assets: Path, out: Path, adapter: Path, *extra: str) -> list[str]:
     return [f"assets_dir={assets}", f"output_dir={out}", f"checkpointer.adapter_checkpoint={adapter}", *COMMON, *extra]
 
 
 def test_two_ranks_match_one_device_and_outputs_load_in_peft(tiny_assets, tmp_path):
-    adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter")
+    adapter = random_peft_adapter(tiny_assets, tmp_path / "start_adapter")
     single, two, accumulated = tmp_path / "single", tmp_path / "two_ranks", tmp_path / "accumulated"
     run_recipe(
         "lora_finetune_single_device",
@@ -104,7 +86,7 @@ def test_two_ranks_match_one_device_and_outputs_load_in_peft(tiny_assets, tmp_pa
 
 
 def test_resume_across_two_ranks_reproduces_the_uninterrupted_run(tiny_assets, tmp_path):
-    adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter")
+    adapter = random_peft_adapter(tiny_assets, tmp_path / "start_adapter")
     out = tmp_path / "run"
     # the LR schedule and shuffling must resume exactly too
     common = _overrides(
@@ -130,7 +112,7 @@ def test_resume_across_two_ranks_reproduces_the_uninterrupted_run(tiny_assets, t
 
 @pytest.mark.slow
 def test_tensor_parallelism_is_refused_for_lora_layers(tiny_assets, tmp_path):
-    adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter")
+    adapter = random_peft_adapter(tiny_assets, tmp_path / "start_adapter")
     proc = run_distributed(
         RECIPE,
         CONFIG,
@@ -145,7 +127,7 @@ def test_tensor_parallelism_is_refused_for_lora_layers(tiny_assets, tmp_path):
 
 @pytest.mark.slow
 def test_dora_two_ranks_match_one_device(tiny_assets, tmp_path):
-    adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter", use_dora=True)  # with PEFT's magnitudes
+    adapter = random_peft_adapter(tiny_assets, tmp_path / "start_adapter", use_dora=True)  # with PEFT's magnitudes
     single, two = tmp_path / "single", tmp_path / "two_ranks"
     extra = ["model.use_dora=True", "max_steps_per_epoch=3"]
     run_recipe(
@@ -180,7 +162,7 @@ def test_qlora_two_ranks_match_one_device(tiny_assets, tmp_path):
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(tmp_path / "wide", safe_serialization=True)
-    adapter = _peft_adapter(tiny_assets, tmp_path / "start_adapter", model_dir=tmp_path / "wide")
+    adapter = random_peft_adapter(tiny_assets, tmp_path / "start_adapter", model_dir=tmp_path / "wide")
     extra = [
         "model.quantize_base=True",
         "model.embed_dim=256",

@@ -9,10 +9,9 @@ single-device recipe's on the same global batch, from one shared PEFT starting a
 """
 
 import pytest
-import torch
 
 from tests.recipes.dist_utils import max_difference, run_distributed, train_log
-from tests.recipes.utils import ASSETS, run_recipe
+from tests.recipes.utils import ASSETS, random_peft_adapter, run_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -21,30 +20,13 @@ CONFIG = ASSETS / "lora_tiny.yaml"  # LoRA rank 8, alpha 16 on q_proj, v_proj, o
 STEPS = 3
 
 
-def _peft_adapter(assets, out):
-    """A PEFT adapter for lora_tiny.yaml's layers with random A and B, so the first loss depends on it."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaForCausalLM
-
-    base = LlamaForCausalLM.from_pretrained(assets / "llama", dtype=torch.float32)
-    targets = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False))
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.normal_(0.0, 0.05)
-    model.save_pretrained(out)
-    return out
-
-
 def _overrides(assets, out, *extra):
     common = [f"assets_dir={assets}", f"output_dir={out}", f"max_steps_per_epoch={STEPS}", "shuffle=True"]
     return [*common, "model.quantize_base=True", *extra]
 
 
 def test_tiny_qlora_two_ranks_match_one_device(tiny_assets, tmp_path):
-    adapter = f"checkpointer.adapter_checkpoint={_peft_adapter(tiny_assets, tmp_path / 'start_adapter')}"
+    adapter = f"checkpointer.adapter_checkpoint={random_peft_adapter(tiny_assets, tmp_path / 'start_adapter')}"
     single, two = tmp_path / "single", tmp_path / "two_ranks"
     run_recipe(
         "lora_finetune_single_device", CONFIG, _overrides(tiny_assets, single, adapter, "batch_size=4"), cwd=tmp_path

@@ -136,6 +136,25 @@ def run_recipe(
     return proc
 
 
+def random_peft_adapter(assets: Path, out: Path, use_dora: bool = False, model_dir: Path | None = None) -> Path:
+    """A PEFT adapter for lora_tiny.yaml's layers (rank 8, alpha 16) on the tiny Llama (or ``model_dir``), with
+    random A and B (seeded), so that a recipe's first loss depends on loading it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    base = LlamaForCausalLM.from_pretrained(model_dir or assets / "llama", dtype=torch.float32)
+    targets = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=targets, use_dora=use_dora, init_lora_weights=False)
+    model = get_peft_model(base, config)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.normal_(0.0, 0.05)
+    model.save_pretrained(out)
+    return out
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Parses a JSON-lines metric log."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

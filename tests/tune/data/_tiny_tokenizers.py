@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from tune.data import Message
+from tune.data._tokenizers._byte_level import _byte_decoder  # GPT-2's byte <-> character map, inverted
 
 _WORDS = (
     "the quick brown fox jumps over a lazy dog hello world what is why how when where who you are helpful "
@@ -85,20 +86,6 @@ def _sentencepiece_model(dummy_prefix: bool, gemma: bool) -> Path:
         **names,
     )
     return out
-
-
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode (the byte-level alphabet of ``tokenizers``)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
 
 
 def _train_byte_level_bpe(pattern: str, vocab_size: int, nfc: bool):
