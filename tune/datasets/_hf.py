@@ -10,6 +10,7 @@ the cached Arrow file instead of tokenising again; change any of them and it tok
 import copy
 import hashlib
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -103,6 +104,21 @@ def _json_rows(data: bytes) -> list | None:
         return None
 
 
+_DATE_LIKE = re.compile(r"\d{4}-\d\d-\d\d")
+
+
+def _has_date_like_text(value: Any) -> bool:
+    """Whether ``value`` (a row) holds a string that starts like a date, which pyarrow's JSON reader (and so
+    datasets) may read as a timestamp: such files are left to datasets, so that columns keep datasets' types."""
+    if isinstance(value, str):
+        return _DATE_LIKE.match(value) is not None
+    if isinstance(value, dict):
+        return any(_has_date_like_text(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_date_like_text(v) for v in value[:8])
+    return False
+
+
 def _load_local_json(data_files: Any, split: str, cache_dir: str | None):
     """Loads local JSON / JSON Lines files of objects the way ``load_dataset("json", ...)`` does, five times faster.
 
@@ -113,15 +129,18 @@ def _load_local_json(data_files: Any, split: str, cache_dir: str | None):
     bytes, which ``Dataset.from_file`` maps; what follows (fingerprints, the cached tokenisation next to it) works
     as for any cached dataset. Returns None, and the caller uses ``load_dataset``, for anything else: remote or
     large files, files that do not parse (its error names the line), rows that are not objects or whose values
-    pyarrow cannot put in one column type.
+    pyarrow cannot put in one column type, a first row with date-like text (which datasets may type as a
+    timestamp), a split other than ``"train"`` or a slice of it.
     """
     import datasets
     import pyarrow as pa
 
-    if isinstance(data_files, dict):
+    if isinstance(data_files, dict):  # {split: files}
         if set(data_files) != {split}:
             return None
         data_files = data_files[split]
+    elif split != "train":  # files without a split name are datasets' "train" split (and "train[:10%]" a slice of it)
+        return None
     files = [data_files] if isinstance(data_files, (str, os.PathLike)) else data_files
     if not isinstance(files, (list, tuple)) or not files or len(_local_files(files)) != len(files):
         return None
@@ -145,7 +164,7 @@ def _load_local_json(data_files: Any, split: str, cache_dir: str | None):
             if parsed is None or not all(type(row) is dict for row in parsed):
                 return None
             rows.extend(parsed)
-        if not rows:
+        if not rows or _has_date_like_text(rows[0]):
             return None
         columns = list(dict.fromkeys(key for row in rows for key in row))
         try:

@@ -67,3 +67,32 @@ def test_local_json_with_mixed_types_is_left_to_datasets(tmp_path):
     theirs = datasets.load_dataset("json", split="train", data_files=str(path), cache_dir=str(tmp_path / "theirs"))
     assert ours.to_list() == theirs.to_list()
     assert not list((tmp_path / "cache").glob("tune_json/*"))
+
+
+@pytest.mark.parametrize("split", ["train[:1]", "train[50%:]", "validation"])
+def test_local_json_split_names_and_slices_are_datasets_own(tmp_path, split):
+    # a slice of the split, or a split the files do not have: datasets' own answer, not the whole file
+    import datasets
+
+    path = tmp_path / "rows.json"
+    path.write_text(GOOD_FILES["rows.json"])
+    try:
+        expected = datasets.load_dataset("json", split=split, data_files=str(path), cache_dir=str(tmp_path / "theirs"))
+    except Exception as err:  # the split does not exist: tune says so too (naming the split)
+        with pytest.raises(DatasetError, match=split.split("[")[0]):
+            load_source("json", split=split, data_files=str(path), cache_dir=str(tmp_path / "ours"))
+        assert "split" in str(err).lower()
+        return
+    ours = load_source("json", split=split, data_files=str(path), cache_dir=str(tmp_path / "ours"))
+    assert ours.to_list() == expected.to_list() and len(ours) == 1
+
+
+def test_local_json_with_dates_keeps_datasets_types(tmp_path):
+    # datasets (pyarrow's JSON reader) reads ISO dates as timestamps: such a file is left to it
+    import datasets
+
+    path = tmp_path / "dated.jsonl"
+    path.write_text('{"when": "2024-01-01T10:00:00", "text": "a"}\n{"when": "2024-01-02T10:00:00", "text": "b"}\n')
+    ours = load_source("json", split="train", data_files=str(path), cache_dir=str(tmp_path / "ours"))
+    theirs = datasets.load_dataset("json", split="train", data_files=str(path), cache_dir=str(tmp_path / "theirs"))
+    assert ours.features == theirs.features and ours.to_list() == theirs.to_list()
