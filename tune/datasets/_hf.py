@@ -408,49 +408,17 @@ def tokenize_rows(raw, function: Callable, *, features, num_proc: int, new_finge
     )
 
 
-def token_columns(samples, max_seq_len: int | None, eos_id: int):
+def token_columns(encoded, max_seq_len: int | None, eos_id: int):
     """``tokens`` and ``labels`` list columns of tokenised samples, cut to ``max_seq_len`` as :func:`truncate` does,
     and which samples were cut.
 
-    ``samples`` yields ``(tokens, mask)`` pairs (any sequences of ints and of bools; True = no loss). Every sample
-    is appended to one flat buffer in C (``array.extend``, ``bytearray.extend``) and the columns are built over the
-    flat arrays, without converting each token through pyarrow's per-element path.
+    ``encoded`` is a :class:`~tune.data._tokenizers._utils.FlatEncoding` (samples end to end, a trained flag per
+    token): the columns are built over its flat buffers and cut in array operations over all samples at once,
+    without converting each token through pyarrow's per-element path.
 
     Returns:
         tuple: ``(tokens, labels, truncated)``: two pyarrow ``list<int32>`` arrays and a ``bool`` array.
     """
-    import array
-
-    import pyarrow as pa
-
-    flat_tokens, flat_mask, lengths, cuts = array.array("i"), bytearray(), [], []
-    for tokens, mask in samples:
-        if max_seq_len is not None and len(tokens) > max_seq_len:
-            tokens, mask, cut = truncate(list(tokens), list(mask), max_seq_len, eos_id)
-        else:
-            cut = False
-        flat_tokens.extend(tokens)
-        flat_mask.extend(mask)
-        lengths.append(len(tokens))
-        cuts.append(cut)
-    if len(flat_mask) != len(flat_tokens):
-        raise ValueError("a tokenizer returned a mask whose length differs from its tokens'.")
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.frombuffer(flat_tokens, dtype=np.int32) if flat_tokens else np.zeros(0, np.int32)
-    masked = np.frombuffer(flat_mask, dtype=np.bool_) if flat_mask else np.zeros(0, np.bool_)
-    labels = np.where(masked, np.int32(CROSS_ENTROPY_IGNORE_IDX), values)
-    offsets_array = pa.array(offsets)
-    return (
-        pa.ListArray.from_arrays(offsets_array, pa.array(values)),
-        pa.ListArray.from_arrays(offsets_array, pa.array(labels)),
-        pa.array(cuts, pa.bool_()),
-    )
-
-
-def flat_token_columns(encoded, max_seq_len: int | None, eos_id: int):
-    """:func:`token_columns` of a :class:`~tune.data._tokenizers._utils.FlatEncoding` (conversations end to end,
-    a trained flag per token), with the same truncation, in array operations over all samples at once."""
     import pyarrow as pa
 
     tokens = np.frombuffer(encoded.tokens, dtype=np.int32) if len(encoded.tokens) else np.zeros(0, np.int32)

@@ -39,9 +39,9 @@ class _TokenizeConversations:
                 return _hf.row_error(self.source, index, row, err, required)
         return _hf.DatasetError(f"Dataset {self.source!r}: tokenising rows {indices[0]}..{indices[-1]} failed.")
 
-    def _encode_batch(self, rows: list[dict], indices: list[int]):
-        """Tokens and masks of all rows: end to end from ``tokenize_messages_flat`` when the tokenizer has it, else
-        one ``(tokens, mask)`` pair per row, from one ``tokenize_messages_batch`` call when it has that."""
+    def _encode_batch(self, rows: list[dict], indices: list[int]) -> FlatEncoding:
+        """Tokens and trained flags of all rows, end to end: from ``tokenize_messages_flat`` when the tokenizer has
+        it, else from one ``tokenize_messages_batch`` call (or a ``tokenize_messages`` call per row)."""
         flat_tokenize = getattr(self.tokenizer, "tokenize_messages_flat", None)
         batch_tokenize = getattr(self.tokenizer, "tokenize_messages_batch", None)
         try:
@@ -49,10 +49,12 @@ class _TokenizeConversations:
             if flat_tokenize is not None:
                 return flat_tokenize(conversations)
             if batch_tokenize is not None:
-                return batch_tokenize(conversations)
-            return [self.tokenizer.tokenize_messages(messages) for messages in conversations]
+                encoded = batch_tokenize(conversations)
+            else:
+                encoded = [self.tokenizer.tokenize_messages(messages) for messages in conversations]
         except (ValueError, TypeError, KeyError) as err:
             raise self._row_error(rows, indices) from err
+        return FlatEncoding.join([(tokens, [not m for m in mask]) for tokens, mask in encoded])
 
     def __call__(self, batch: dict[str, list], indices: list[int]):
         # A batch allocates millions of small lists and ints that are freed right after; the cyclic garbage
@@ -68,11 +70,8 @@ class _TokenizeConversations:
     def _tokenize(self, batch: dict[str, list], indices: list[int]):
         import pyarrow as pa
 
-        samples = self._encode_batch(_hf.rows_of(batch), indices)
-        if isinstance(samples, FlatEncoding):
-            tokens, labels, cuts = _hf.flat_token_columns(samples, self.max_seq_len, self.tokenizer.eos_id)
-        else:
-            tokens, labels, cuts = _hf.token_columns(samples, self.max_seq_len, self.tokenizer.eos_id)
+        encoded = self._encode_batch(_hf.rows_of(batch), indices)
+        tokens, labels, cuts = _hf.token_columns(encoded, self.max_seq_len, self.tokenizer.eos_id)
         return pa.table({"tokens": tokens, "labels": labels, "truncated": cuts})
 
 

@@ -12,7 +12,13 @@ from tune.data import HuggingFaceBaseTokenizer, SentencePieceBaseTokenizer, TikT
 from tune.data._chat_formats import Segment
 from tune.data._tokenizers import load_tiktoken_ranks
 from tune.data._tokenizers._tiktoken import _split_long
-from tune.data._tokenizers._utils import byte_runs, encode_chunked_batch, flags_from_lengths, token_flags
+from tune.data._tokenizers._utils import (
+    _length_flags,
+    byte_runs,
+    encode_chunked_batch,
+    flags_from_lengths,
+    token_flags,
+)
 from tune.models.llama3._tokenizer import LLAMA3_PATTERN
 
 TEXT = "Hello world, café 12345 naïve!\n\n  two spaces"
@@ -218,7 +224,9 @@ def test_flags_from_lengths_follow_the_token_flags_rule():
             lengths.append(length)
             total += length
         offsets = [(sum(lengths[:i]), sum(lengths[: i + 1])) for i in range(len(lengths))]
-        assert flags_from_lengths(lengths, runs) == token_flags(offsets, flags), (lengths, runs)
+        expected = token_flags(offsets, flags)
+        assert flags_from_lengths(lengths, runs) == expected, (lengths, runs)  # the batch implementation
+        assert list(map(bool, _length_flags(lengths, runs))) == expected, (lengths, runs)  # the few-texts one
     assert byte_runs([Segment("ab", False), Segment("é", True)]) == ("abé", [(2, False), (4, True)])
 
 

@@ -1,5 +1,5 @@
-"""The tokenised columns a dataset stores, built from flat buffers (tune.datasets._hf.flat_token_columns) and from
-per-sample lists (token_columns): the same tokens, labels and truncation as the one-sample rule (_hf.truncate)."""
+"""The tokenised columns a dataset stores, built from flat buffers (tune.datasets._hf.token_columns): the same
+tokens, labels and truncation as the one-sample rule (_hf.truncate)."""
 
 import random
 
@@ -34,16 +34,12 @@ def _expected(samples, max_seq_len):
 
 
 @pytest.mark.parametrize("max_seq_len", [None, 16, 1])
-def test_flat_and_list_columns_equal_the_one_sample_rule(max_seq_len):
+def test_columns_equal_the_one_sample_rule(max_seq_len):
     samples = _samples(seed=0)
     expected = _expected(samples, max_seq_len)
     flat = FlatEncoding.join([(tokens, [not m for m in mask]) for tokens, mask in samples])
-    for tokens, labels, cuts in [
-        _hf.token_columns(samples, max_seq_len, EOS),
-        _hf.flat_token_columns(flat, max_seq_len, EOS),
-    ]:
-        got = list(zip(tokens.to_pylist(), labels.to_pylist(), cuts.to_pylist()))
-        assert got == expected
+    tokens, labels, cuts = _hf.token_columns(flat, max_seq_len, EOS)
+    assert list(zip(tokens.to_pylist(), labels.to_pylist(), cuts.to_pylist())) == expected
     assert any(cut for _, _, cut in expected) == (max_seq_len is not None)
     # the flat buffers are left as they were (the columns own copies)
     assert FlatEncoding.join([(t, [not m for m in mask]) for t, mask in samples]) == flat

@@ -147,12 +147,6 @@ class ByteLevelEngine:
         """:meth:`encode` of each text."""
         return [self.encode(text) for text in texts]
 
-    def token_lengths(self, text: str, ids: list[int]) -> list[int] | None:
-        """Each token's length in UTF-8 bytes of ``text`` (they tile it), or None when NFC changes the text."""
-        if not self.tiles(text):
-            return None
-        return list(map(self.num_bytes.__getitem__, ids))
-
     def tiles(self, text: str) -> bool:
         """Whether the tokens of ``text`` tile its UTF-8 bytes (not when NFC normalisation changes the text)."""
         return not self._nfc or text.isascii() or unicodedata.is_normalized("NFC", text)

@@ -188,9 +188,6 @@ class ChatTokenizer:
             TypeError: as :meth:`tokenize_messages`.
             ValueError: as :meth:`tokenize_messages` (for the first bad conversation).
         """
-        if self.max_seq_len is None and hasattr(self.tokenizer, "encode_segments_flat"):
-            return [(tokens, list(map(operator.not_, trained))) for tokens, trained in
-                    self.tokenize_messages_flat(conversations, add_end_tokens=add_end_tokens).split()]  # fmt: skip
         rendered = [self.render(messages, add_end_tokens=add_end_tokens) for messages in conversations]
         results = []
         for tokens, trainable in self.tokenizer.encode_segments_batch(rendered):
