@@ -35,7 +35,7 @@ Reported per run: samples/s = samples / seconds from the builder call until ever
 (imports excluded, timed separately; the token hash below is computed in a second, untimed pass over the packs:
 until 2026-11-25 it was computed inside the timed loop, which added ~0.5 s to every run of either system); peak
 RSS of the process itself and, separately, of its largest child (tune's tokenising workers); the peak
-proportional set size (PSS) of the whole process tree, sampled every 10 ms by the driver (what the run costs the
+proportional set size (PSS) of the whole process tree, sampled every 100 ms by the driver (what the run costs the
 machine: pages a forked worker shares with its parent count once); and a SHA-256 over all packs' tokens, equal on
 both sides when tokenisation and packing agree token for token. A table is printed and JSON written to ``--out``.
 """
@@ -283,7 +283,7 @@ def _run(python: str, system: str, args, data: Path, cache_dir: str) -> dict:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
     peak = [0]
 
-    def sample() -> None:  # the whole process tree's memory, every 10 ms, until the worker exits
+    def sample() -> None:  # the whole process tree's memory, every 100 ms, until the worker exits
         while proc.poll() is None:
             peak[0] = max(peak[0], _tree_pss_kib(proc.pid))
             time.sleep(0.1)

@@ -22,6 +22,7 @@ Every format reproduces the chat template of a named Hugging Face repository; th
 (tests/tune/models/test_tokenizers_<family>.py) check token equality against ``apply_chat_template``.
 """
 
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -108,6 +109,36 @@ def validate_messages(messages: Any, fmt: ChatFormat) -> list[Message]:
     return result
 
 
+# Segments of template text (role markers, special tokens, separators: never message content), made once each: a
+# conversation has a dozen of them and building a Segment costs several times a dict look-up.
+_TEMPLATE_SEGMENTS: dict[tuple[str, bool, bool], Segment] = {}
+_MAX_TEMPLATE_SEGMENTS = 4096
+
+
+def _template_segment(text: str, trainable: bool, special: bool) -> Segment:
+    key = (text, trainable, special)
+    segment = _TEMPLATE_SEGMENTS.get(key)
+    if segment is None:
+        if len(_TEMPLATE_SEGMENTS) >= _MAX_TEMPLATE_SEGMENTS:
+            _TEMPLATE_SEGMENTS.clear()
+        segment = _TEMPLATE_SEGMENTS[key] = Segment(text, trainable, special)
+    return segment
+
+
+_TEMPLATE_GROUPS: dict[tuple[tuple[tuple[str, bool], ...], bool], tuple[Segment, ...]] = {}
+
+
+def _template_segments(pieces: tuple[tuple[str, bool], ...], trainable: bool) -> tuple[Segment, ...]:
+    """:func:`_template_segment` of several ``(text, special)`` pieces with one flag, empty texts left out."""
+    key = (pieces, trainable)
+    segments = _TEMPLATE_GROUPS.get(key)
+    if segments is None:
+        if len(_TEMPLATE_GROUPS) >= _MAX_TEMPLATE_SEGMENTS:
+            _TEMPLATE_GROUPS.clear()
+        segments = _TEMPLATE_GROUPS[key] = tuple(Segment(t, trainable, special) for t, special in pieces if t)
+    return segments
+
+
 class _Builder:
     """Collects segments and decides which are trained (see the module docstring for the rule)."""
 
@@ -117,7 +148,7 @@ class _Builder:
 
     def _add(self, text: str, trainable: bool, special: bool) -> None:
         if text:
-            self.segments.append(Segment(text, trainable, special))
+            self.segments.append(_template_segment(text, trainable, special))
 
     def fixed(self, text: str, special: bool = False) -> None:
         """Template text that belongs to no message: never trained."""
@@ -127,10 +158,22 @@ class _Builder:
         """Lead-in of message ``index``: trained only if it and the message before it are trained."""
         self._add(text, self._trained[index] and index > 0 and self._trained[index - 1], special)
 
-    def content(self, index: int, text: str, special: bool = False) -> None:
-        self._add(text, self._trained[index], special)
+    def headers(self, index: int, pieces: tuple[tuple[str, bool], ...]) -> None:
+        """:meth:`header` of several ``(text, special)`` pieces at once (a tuple that is the same object for every
+        turn with the same role, so that its segments are made once)."""
+        trained = self._trained[index] and index > 0 and self._trained[index - 1]
+        self.segments.extend(_template_segments(pieces, trained))
 
-    end = content  # the end-of-turn marker is trained together with the content it closes
+    def content(self, index: int, text: str, special: bool = False) -> None:
+        """Message text (or, with ``special``, a special token standing for the message's end)."""
+        if special:
+            self._add(text, self._trained[index], True)
+        elif text:
+            self.segments.append(Segment(text, self._trained[index]))
+
+    def end(self, index: int, text: str, special: bool = False) -> None:
+        """The end-of-turn marker: trained together with the content it closes."""
+        self._add(text, self._trained[index], special)
 
     def separator(self, index: int, text: str) -> None:
         """Text between message ``index`` and the next one: part of the next message's lead-in."""
@@ -291,20 +334,20 @@ class Llama3ChatFormat:
         b = _Builder(messages)
         b.fixed("<|begin_of_text|>", special=True)
         for i, m in enumerate(messages):
-            for text, special in self._header("ipython" if m.role == "tool" else m.role):
-                b.header(i, text, special)
+            b.headers(i, _llama3_header("ipython" if m.role == "tool" else m.role))
             b.content(i, m.content.strip())
             if _open_end(messages, i, add_end_tokens):
                 b.end(i, "<|eot_id|>", special=True)
         if _needs_generation_prompt(messages, add_end_tokens):
-            for text, special in self._header("assistant"):
+            for text, special in _llama3_header("assistant"):
                 b.fixed(text, special)
         return b.segments
 
-    @staticmethod
-    def _header(role: str) -> list[tuple[str, bool]]:
-        """``(text, special)`` pieces of a turn header."""
-        return [("<|start_header_id|>", True), (role, False), ("<|end_header_id|>", True), ("\n\n", False)]
+
+@functools.lru_cache(maxsize=64)
+def _llama3_header(role: str) -> tuple[tuple[str, bool], ...]:
+    """``(text, special)`` pieces of a Llama 3 turn header."""
+    return (("<|start_header_id|>", True), (role, False), ("<|end_header_id|>", True), ("\n\n", False))
 
 
 QWEN2_5_DEFAULT_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."

@@ -231,11 +231,15 @@ class PackedDataset(Dataset):
         self._pack_src = self._flat.offsets[p.seg_doc[firsts]] + p.seg_start[firsts] if len(firsts) else firsts
         filled = np.concatenate(([0], np.cumsum(p.seg_len, dtype=np.int64)))
         self._pack_fill = filled[p.pack_offsets[1:]] - filled[firsts]
-        self._seg_lens = p.seg_len.astype(np.int64)
+        seg_lens = p.seg_len.astype(np.int64)
         # where each segment starts in its pack
-        self._seg_starts = (
-            np.cumsum(self._seg_lens) - self._seg_lens - np.repeat(filled[firsts], np.diff(p.pack_offsets))
-        )
+        self._seg_starts = np.cumsum(seg_lens) - seg_lens - np.repeat(filled[firsts], np.diff(p.pack_offsets))
+        # every pack's segment lengths and starts with its padding as one more segment (a pack that is not full)
+        padded = self._pack_fill < max_seq_len
+        at = p.pack_offsets[1:][padded]  # where each padding segment goes in the segment arrays
+        self._seq_lens = np.insert(seg_lens, at, max_seq_len - self._pack_fill[padded])
+        self._seq_starts = np.insert(self._seg_starts, at, self._pack_fill[padded])
+        self._seq_offsets = p.pack_offsets + np.concatenate(([0], np.cumsum(padded)))
         num_tokens = int(self._packing.seg_len.sum())
         _log.info(
             f"Packed {len(self._flat):,} samples ({num_tokens:,} tokens) into {len(self):,} packs of {max_seq_len} "
@@ -260,13 +264,9 @@ class PackedDataset(Dataset):
         tokens[n:] = self.padding_idx
         labels[n:] = CROSS_ENTROPY_IGNORE_IDX
         labels[self._seg_starts[lo:hi]] = CROSS_ENTROPY_IGNORE_IDX  # no token predicts a document's first one
-        # padding is one more segment, never trained
-        if n < s:
-            seq_lens = np.append(self._seg_lens[lo:hi], s - n)
-            starts = np.append(self._seg_starts[lo:hi], n)
-        else:
-            seq_lens, starts = self._seg_lens[lo:hi].copy(), self._seg_starts[lo:hi]
-        input_pos = self._positions - np.repeat(starts, seq_lens)  # positions restart at every segment
+        first, last = self._seq_offsets[index], self._seq_offsets[index + 1]  # padding: one more segment
+        seq_lens = self._seq_lens[first:last].copy()
+        input_pos = self._positions - np.repeat(self._seq_starts[first:last], seq_lens)  # restart at every segment
         return {
             "tokens": torch.from_numpy(tokens),
             "labels": torch.from_numpy(labels),

@@ -17,6 +17,7 @@ from tune.data._tokenizers._utils import (
     byte_runs,
     encode_chunked_batch,
     flags_from_lengths,
+    flags_from_lengths_batch,
     token_flags,
 )
 from tune.models.llama3._tokenizer import LLAMA3_PATTERN
@@ -228,6 +229,37 @@ def test_flags_from_lengths_follow_the_token_flags_rule():
         assert flags_from_lengths(lengths, runs) == expected, (lengths, runs)  # the batch implementation
         assert list(map(bool, _length_flags(lengths, runs))) == expected, (lengths, runs)  # the few-texts one
     assert byte_runs([Segment("ab", False), Segment("é", True)]) == ("abé", [(2, False), (4, True)])
+
+
+def test_flags_from_lengths_of_many_texts_at_once_equal_each_text_alone():
+    # the batch form places all texts end to end: a text's flags must not leak into its neighbours, including
+    # texts without runs, texts whose tokens stop short of their end, and empty tokens at text boundaries
+    import numpy as np
+
+    rng = random.Random(3)
+    for _ in range(300):
+        lengths, counts, runs, expected = [], [], [], []
+        for _ in range(rng.randint(1, 8)):
+            text_runs, end = [], 0
+            for _ in range(rng.randint(0, 4)):
+                end += rng.randint(0 if text_runs and rng.random() < 0.2 else 1, 7)  # empty runs inside a text
+                text_runs.append((end, rng.random() < 0.5))
+            target, text_lengths = max(end - rng.choice([0, 0, 0, 1, 2]), 0), []
+            while sum(text_lengths) < target:
+                text_lengths.append(min(rng.choice([0, 1, 1, 2, 3, 5]), target - sum(text_lengths)))
+            if not text_lengths or rng.random() < 0.2:
+                text_lengths.append(0)
+            flags, start = bytearray(), 0
+            for run_end, trained in text_runs:
+                flags.extend([trained] * (run_end - start))
+                start = run_end
+            offsets = [(sum(text_lengths[:i]), sum(text_lengths[: i + 1])) for i in range(len(text_lengths))]
+            expected += token_flags(offsets, flags) if text_runs else [False] * len(text_lengths)
+            lengths += text_lengths
+            counts.append(len(text_lengths))
+            runs.append(text_runs)
+        got = flags_from_lengths_batch(np.array(lengths, dtype=np.int64), np.array(counts), runs)
+        assert got.tolist() == expected, (lengths, counts, runs)
 
 
 @pytest.mark.parametrize("dummy_prefix,gemma", [(True, False), (False, False), (False, True)])

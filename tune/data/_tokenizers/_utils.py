@@ -186,44 +186,56 @@ def flags_from_lengths_batch(
         np.ndarray: bool per token.
     """
     counts = np.asarray(counts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
     total = int(counts.sum())
-    if not total:
-        return np.zeros(0, dtype=np.bool_)
-    # every text's bytes placed one after another: text t starts at base[t]
-    sizes = np.fromiter((r[-1][0] if r else 0 for r in runs), dtype=np.int64, count=len(runs))
-    base = np.cumsum(sizes) - sizes
-    run_counts = np.fromiter(map(len, runs), dtype=np.int64, count=len(runs))
+    num_texts = len(runs)
+    run_counts = np.fromiter(map(len, runs), dtype=np.int64, count=num_texts)
     flat_runs = np.array([run for r in runs for run in r], dtype=np.int64).reshape(-1, 2)
-    if not len(flat_runs):
+    if not total or not len(flat_runs):
         return np.zeros(total, dtype=np.bool_)
-    run_end = flat_runs[:, 0] + np.repeat(base, run_counts)
-    run_trained = flat_runs[:, 1].astype(np.bool_)
-    run_start = np.concatenate(([0], run_end[:-1]))
-    firsts = np.cumsum(run_counts) - run_counts
-    run_start[firsts[run_counts > 0]] = base[run_counts > 0]
-    run_start = np.minimum(run_start, run_end)
-    trained_before = np.concatenate(([0], np.cumsum((run_end - run_start) * run_trained)))  # bytes, before run r
-
-    def trained_bytes_before(x: np.ndarray) -> np.ndarray:
-        r = np.minimum(np.searchsorted(run_end, x, side="right"), len(run_end) - 1)
-        inside = np.clip(x - run_start[r], 0, run_end[r] - run_start[r])
-        return trained_before[r] + inside * run_trained[r]
-
-    ends_global = np.cumsum(lengths)
+    # the texts' bytes placed one after another: text t starts at base[t]
+    has_runs = run_counts > 0
+    sizes = np.zeros(num_texts, dtype=np.int64)
+    sizes[has_runs] = flat_runs[(np.cumsum(run_counts) - 1)[has_runs], 0]
+    base = np.cumsum(sizes) - sizes
+    # each token's end in those bytes (a text's tokens start at its base; tokens that would run past their text's
+    # end stop there, so that the ends stay in order)
+    ends = np.cumsum(lengths)
     first_token = np.cumsum(counts) - counts
-    text_start_global = np.repeat(ends_global[first_token] - lengths[first_token] if len(first_token) else [], counts)
-    token_base = np.repeat(base, counts)
-    end = ends_global - text_start_global + token_base
-    start = end - lengths
-    trained = trained_bytes_before(end) > trained_bytes_before(start)
+    has_tokens = counts > 0
+    before = np.zeros(num_texts, dtype=np.int64)  # token bytes before each text's first token
+    before[has_tokens] = ends[first_token[has_tokens]] - lengths[first_token[has_tokens]]
+    token_sums = np.zeros(num_texts, dtype=np.int64)
+    token_sums[has_tokens] = ends[(first_token + counts - 1)[has_tokens]] - before[has_tokens]
+    if (base != before).any():
+        ends += np.repeat(base - before, counts)
+    if (token_sums > sizes).any():
+        ends = np.minimum(ends, np.repeat(base + sizes, counts))
+    # each run's bytes [run_start, run_end)
+    run_text = np.repeat(np.arange(num_texts), run_counts)
+    run_end = flat_runs[:, 0] + base[run_text]
+    run_start = np.empty_like(run_end)
+    run_start[0] = 0
+    run_start[1:] = run_end[:-1]
+    run_start[(np.cumsum(run_counts) - run_counts)[has_runs]] = base[has_runs]
+    run_trained = flat_runs[:, 1].astype(np.bool_)
+    # a trained run marks the tokens from the first that ends after its start to the one holding its last byte
+    # (within its text): +1 at the first, -1 past the last, and a running sum over the tokens
+    chosen = run_trained & (run_end > run_start)
+    text_of = run_text[chosen]
+    first = np.maximum(np.searchsorted(ends, run_start[chosen], side="right"), first_token[text_of])
+    stop = np.minimum(np.searchsorted(ends, run_end[chosen], side="left") + 1, first_token[text_of] + counts[text_of])
+    keep = first < stop
+    marks = np.bincount(first[keep], minlength=total + 1) - np.bincount(stop[keep], minlength=total + 1)
+    trained = np.cumsum(marks[:total]) > 0
     empty = lengths == 0
     if empty.any():  # an empty token (SentencePiece's dummy-prefix "▁" alone) takes the flag of the byte it is at
         last = np.repeat(base + np.maximum(sizes, 1) - 1, counts)
-        at = np.minimum(end[empty], last[empty])
+        at = np.minimum(ends[empty], last[empty])
         r = np.minimum(np.searchsorted(run_end, at, side="right"), len(run_end) - 1)
         trained[empty] = run_trained[r]
-    has_runs = np.repeat(run_counts > 0, counts)
-    return trained & has_runs
+        trained &= np.repeat(has_runs, counts)
+    return trained
 
 
 def _flags_of_runs(runs: Sequence[tuple[int, bool]]) -> bytearray:
@@ -240,9 +252,12 @@ PrepareSeparate = Callable[[str, bool], tuple[str, int]]
 # Below this many texts whose flags follow from token lengths, a batch computes them text by text.
 _MIN_VECTOR_TEXTS = 32
 
-# Parts of a planned conversation: a special token, a text with one flag, or a text mixing trained and untrained
-# (by offsets, or by token lengths when the tokenizer knows each token's length in the text).
+# Parts of a planned conversation, each ``(kind, a, b, c)``: a special token ``(_SPECIAL, id, trainable, _)``, a
+# text with one flag ``(_TEXT, text index, leading tokens to drop, flag byte)``, or a text mixing trained and
+# untrained, by offsets ``(_MIXED, mixed index, _, _)`` or by token lengths when the tokenizer knows each token's
+# length in the text ``(_MIXED_BY_LENGTHS, text index, runs, _)``.
 _SPECIAL, _TEXT, _MIXED, _MIXED_BY_LENGTHS = 0, 1, 2, 3
+_FLAG_BYTES = (b"\x00", b"\x01")
 
 
 def _plan(
@@ -259,26 +274,30 @@ def _plan(
     chunk: list[Segment] = []
     strip_next = False
     for segment in segments:
-        if segment.special:
+        text, trainable, special, separate, trim = segment
+        if special:
             if chunk:
                 _flush(chunk, plan, texts, mixed, by_lengths)
                 chunk = []
-            plan.append((_SPECIAL, special_id(segment.text), segment.trainable))
-            strip_next = bool(rstrip) and segment.text in rstrip
+            plan.append((_SPECIAL, special_id(text), trainable, None))
+            strip_next = bool(rstrip) and text in rstrip
             continue
-        text = segment.text.lstrip() if strip_next else segment.text
+        if strip_next:
+            text = text.lstrip()
+            if text is not segment.text:
+                segment = Segment(text, trainable)
         if not text:
             continue
         strip_next = False
-        if segment.separate:
+        if separate:
             if chunk:
                 _flush(chunk, plan, texts, mixed, by_lengths)
                 chunk = []
-            text, drop = prepare_separate(text, segment.trim_leading_whitespace)
-            plan.append((_TEXT, len(texts), segment.trainable, drop))
+            text, drop = prepare_separate(text, trim)
+            plan.append((_TEXT, len(texts), drop, _FLAG_BYTES[trainable]))
             texts.append(text)
         else:
-            chunk.append(segment if text is segment.text else Segment(text, segment.trainable))
+            chunk.append(segment)
     if chunk:
         _flush(chunk, plan, texts, mixed, by_lengths)
     return plan
@@ -287,15 +306,23 @@ def _plan(
 def _flush(chunk: list[Segment], plan: list[tuple], texts: list[str], mixed: list, by_lengths: bool) -> None:
     """Adds the plan part of consecutive text segments (joined: encoded as one text)."""
     first = chunk[0].trainable
-    if len(chunk) == 1 or all(s.trainable == first for s in chunk):
-        plan.append((_TEXT, len(texts), first, 0))
-        texts.append(chunk[0].text if len(chunk) == 1 else "".join([s.text for s in chunk]))
-    elif by_lengths:
+    if len(chunk) == 1:
+        plan.append((_TEXT, len(texts), 0, _FLAG_BYTES[first]))
+        texts.append(chunk[0].text)
+        return
+    for segment in chunk:
+        if segment.trainable != first:
+            break
+    else:
+        plan.append((_TEXT, len(texts), 0, _FLAG_BYTES[first]))
+        texts.append("".join([s.text for s in chunk]))
+        return
+    if by_lengths:
         text, runs = byte_runs(chunk)
-        plan.append((_MIXED_BY_LENGTHS, len(texts), runs))
+        plan.append((_MIXED_BY_LENGTHS, len(texts), runs, None))
         texts.append(text)
     else:
-        plan.append((_MIXED, len(mixed)))
+        plan.append((_MIXED, len(mixed), None, None))
         mixed.append(byte_flags(chunk))
 
 
@@ -419,37 +446,38 @@ def encode_chunked_flat(
     ]
     encoded = encode_batch(texts) if texts else []
     mixed_encoded = encode_with_offsets_batch([text for text, _ in mixed]) if mixed else []
-    tokens, trainable, lengths = array.array("i"), bytearray(), []
+    tokens: list[int] = []  # one conversion to an array at the end: extending an array converts id by id, slower
+    trainable, lengths = bytearray(), []
     by_length_at: list[int] = []  # first token of each text whose flags follow from token lengths
     by_length_counts: list[int] = []
     by_length_runs: list = []
-    on, off = b"\x01", b"\x00"
     for plan in plans:
         start = len(tokens)
-        for part in plan:
-            if part[0] == _SPECIAL:
-                tokens.append(part[1])
-                trainable.append(part[2])
-            elif part[0] == _TEXT:
-                ids = encoded[part[1]][part[3] :] if part[3] else encoded[part[1]]
+        for kind, a, b, c in plan:
+            if kind == _SPECIAL:
+                tokens.append(a)
+                trainable.append(b)
+            elif kind == _TEXT:
+                ids = encoded[a][b:] if b else encoded[a]
                 tokens.extend(ids)
-                trainable += (on if part[2] else off) * len(ids)
-            elif part[0] == _MIXED_BY_LENGTHS:
-                ids = encoded[part[1]]
-                if token_bytes.tiles(texts[part[1]]):  # flags for the whole batch after this loop
+                trainable += c * len(ids)
+            elif kind == _MIXED_BY_LENGTHS:
+                ids = encoded[a]
+                if token_bytes.tiles(texts[a]):  # flags for the whole batch after this loop
                     by_length_at.append(len(tokens))
                     by_length_counts.append(len(ids))
-                    by_length_runs.append(part[2])
+                    by_length_runs.append(b)
                     trainable += bytes(len(ids))
                 else:  # the tokens do not tile this text: take the offsets
-                    _, offsets = encode_with_offsets_batch([texts[part[1]]])[0]
-                    trainable.extend(token_flags(offsets, _flags_of_runs(part[2])))
+                    _, offsets = encode_with_offsets_batch([texts[a]])[0]
+                    trainable.extend(token_flags(offsets, _flags_of_runs(b)))
                 tokens.extend(ids)
             else:
-                ids, offsets = mixed_encoded[part[1]]
+                ids, offsets = mixed_encoded[a]
                 tokens.extend(ids)
-                trainable.extend(token_flags(offsets, mixed[part[1]][1]))
+                trainable.extend(token_flags(offsets, mixed[a][1]))
         lengths.append(len(tokens) - start)
+    token_array = array.array("i", tokens)
     if by_length_at and len(by_length_at) < _MIN_VECTOR_TEXTS:  # a few texts: array set-up would dominate
         per_id, leading = token_bytes.per_id, token_bytes.leading
         for at, count, runs in zip(by_length_at, by_length_counts, by_length_runs):
@@ -461,13 +489,13 @@ def encode_chunked_flat(
         counts = np.asarray(by_length_counts, dtype=np.int64)
         at = np.asarray(by_length_at, dtype=np.int64)
         index = np.repeat(at - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
-        token_lengths = token_bytes.table[np.frombuffer(tokens, dtype=np.int32)[index]]
+        token_lengths = token_bytes.table[np.frombuffer(token_array, dtype=np.int32)[index]]
         if token_bytes.leading:
             nonempty = counts > 0
             token_lengths[(np.cumsum(counts) - counts)[nonempty]] -= token_bytes.leading
         flags = flags_from_lengths_batch(token_lengths, counts, by_length_runs)
         np.frombuffer(trainable, dtype=np.uint8)[index] = flags
-    return FlatEncoding(tokens, trainable, lengths)
+    return FlatEncoding(token_array, trainable, lengths)
 
 
 class TokenizerFileError(TuneError, ValueError):
