@@ -346,7 +346,9 @@ def _code_hash(tokenizer: Any) -> str:
     tokenizer), so a library upgrade that changes how tokens are produced does not reuse old cache entries."""
     package = type(tokenizer).__module__.split(".")[0]
     classes = {type(tokenizer)}
-    classes.update(type(value) for value in vars(tokenizer).values() if type(value).__module__.split(".")[0] == package)
+    state = tokenizer.__getstate__()  # what pickles: not the caches a tokenizer builds as it is used
+    values = state.values() if isinstance(state, dict) else vars(tokenizer).values()
+    classes.update(type(value) for value in values if type(value).__module__.split(".")[0] == package)
     sources = sorted(code_identity(cls) for cls in classes)
     return hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
 

@@ -98,7 +98,7 @@ def _render(message: Message):
 
 def _without_engine(hf):
     clone = HuggingFaceBaseTokenizer.__new__(HuggingFaceBaseTokenizer)
-    clone.__dict__.update(hf.__getstate__())
+    clone.__setstate__(hf.__getstate__())
     clone._engine = None
     return clone
 

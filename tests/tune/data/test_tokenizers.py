@@ -231,6 +231,60 @@ def test_flags_from_lengths_follow_the_token_flags_rule():
     assert byte_runs([Segment("ab", False), Segment("é", True)]) == ("abé", [(2, False), (4, True)])
 
 
+def test_tiktoken_pickles_compactly_with_a_stable_identity(tiktoken_tokenizer, tmp_path):
+    # datasets pickles the tokenizer to each worker process and hashes it for the cache key: both go through the
+    # packed ranks (three buffers), which must give back the same tokenizer and change when a rank changes
+    import pickle
+
+    from tune.datasets._hf import tokenizer_identity
+
+    clone = pickle.loads(pickle.dumps(tiktoken_tokenizer))
+    assert clone.encode(TEXT) == tiktoken_tokenizer.encode(TEXT)
+    assert clone.decode(clone.encode(TEXT)) == TEXT
+    assert clone.vocab_size == tiktoken_tokenizer.vocab_size and clone.special_tokens == tiktoken_tokenizer.special_tokens
+    assert pickle.loads(pickle.dumps(clone)).encode(TEXT) == clone.encode(TEXT)  # a clone pickles again
+    ranks = load_tiktoken_ranks(tiktoken_file())
+    fresh = TikTokenBaseTokenizer(
+        tiktoken_file(), "tiny", LLAMA3_PATTERN, len(ranks), len(ranks) + 1, tiktoken_tokenizer.special_tokens
+    )
+    assert tokenizer_identity(clone) == tokenizer_identity(tiktoken_tokenizer) == tokenizer_identity(fresh)
+    lines = tiktoken_file().read_text().splitlines()
+    token, rank = lines[-1].split()
+    changed = tmp_path / "changed.model"
+    changed.write_text("\n".join(lines[:-1] + [f"{token} {int(rank) + 1}"]) + "\n")  # one rank differs
+    other = TikTokenBaseTokenizer(
+        changed, "tiny", LLAMA3_PATTERN, len(ranks) + 1, len(ranks) + 2,
+        {"<|bos|>": len(ranks) + 1, "<|eos|>": len(ranks) + 2},
+    )  # fmt: skip
+    other_same_specials = TikTokenBaseTokenizer(
+        changed, "tiny", LLAMA3_PATTERN, len(ranks), len(ranks) + 1, tiktoken_tokenizer.special_tokens
+    )
+    assert tokenizer_identity(other) != tokenizer_identity(fresh)
+    assert tokenizer_identity(other_same_specials) != tokenizer_identity(fresh)
+
+
+def test_tokenizer_json_pickles_as_its_text_with_a_stable_identity(hf, tmp_path):
+    # pickled (and hashed for the datasets cache key) as the tokenizer.json text, its working copies rebuilt
+    import pickle
+
+    from tune.datasets._hf import tokenizer_identity
+
+    clone = pickle.loads(pickle.dumps(hf))
+    segments = [Segment("<|im_start|>", False, special=True), Segment("user\nHi <|im_end|> x", True)]
+    assert clone.encode(TEXT) == hf.encode(TEXT) and clone.decode(hf.encode(TEXT)) == hf.decode(hf.encode(TEXT))
+    assert clone.encode_segments(segments) == hf.encode_segments(segments)
+    assert clone.token_id("<|im_end|>") == hf.token_id("<|im_end|>") and clone.vocab_size == hf.vocab_size
+    assert tokenizer_identity(clone) == tokenizer_identity(hf)
+    fresh = HuggingFaceBaseTokenizer(qwen_tokenizer_json())
+    unused = tokenizer_identity(fresh)
+    fresh.encode_segments_batch([segments] * 40)  # builds its encoding engine: a cache, not part of the identity
+    assert tokenizer_identity(fresh) == unused == tokenizer_identity(hf)
+    data = json.loads((qwen_tokenizer_json() / "tokenizer.json").read_text())
+    data["normalizer"] = None  # tokens can differ: so must the identity
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    assert tokenizer_identity(HuggingFaceBaseTokenizer(tmp_path)) != tokenizer_identity(hf)
+
+
 def test_flags_from_lengths_of_many_texts_at_once_equal_each_text_alone():
     # the batch form places all texts end to end: a text's flags must not leak into its neighbours, including
     # texts without runs, texts whose tokens stop short of their end, and empty tokens at text boundaries

@@ -79,7 +79,7 @@ class HuggingFaceBaseTokenizer:
             raise unreadable_file(path, "Hugging Face tokenizer.json", error, hint) from error
         config_path = Path(tokenizer_config_json_path or path.parent / "tokenizer_config.json")
         generation_path = Path(generation_config_path or path.parent / "generation_config.json")
-        self._setup(tokenizer, _read_json(config_path), _read_json(generation_path))
+        self._setup(tokenizer, _read_json(config_path), _read_json(generation_path), owned=True)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, config: dict | None = None) -> "HuggingFaceBaseTokenizer":
@@ -97,16 +97,9 @@ class HuggingFaceBaseTokenizer:
         self._setup(tokenizer, dict(config or {}), {})
         return self
 
-    def _setup(self, tokenizer: Any, config: dict, generation: dict) -> None:
-        from tokenizers import Tokenizer
-
-        self._tokenizer = tokenizer
-        # Copies without the post-processor (which may add BOS or trim offsets): we add BOS/EOS ourselves and
-        # need untrimmed character offsets for the loss mask. The plain-text copy does not parse special tokens.
-        self._chat = Tokenizer.from_str(tokenizer.to_str())
-        self._chat.post_processor = None
-        self._text = Tokenizer.from_str(self._chat.to_str())
-        self._text.encode_special_tokens = True
+    def _setup(self, tokenizer: Any, config: dict, generation: dict, *, owned: bool = False) -> None:
+        self._source = tokenizer.to_str()  # what pickles (see __getstate__)
+        self._make_copies(tokenizer if owned else None)  # a tokenizer read here is one of the copies
         self._added = dict(tokenizer.get_added_tokens_decoder())
         self._known_specials: set[str] = set()
         self.config = config
@@ -114,6 +107,17 @@ class HuggingFaceBaseTokenizer:
         self.eos_id = self._lookup(config.get("eos_token"), generation.get("eos_token_id"))
         self.pad_id = self._lookup(config.get("pad_token"), generation.get("pad_token_id"))
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def _make_copies(self, chat: Any = None) -> None:
+        from tokenizers import Tokenizer
+
+        # Copies without the post-processor (which may add BOS or trim offsets): we add BOS/EOS ourselves and
+        # need untrimmed character offsets for the loss mask. The plain-text copy does not parse special tokens.
+        self._chat = chat if chat is not None else Tokenizer.from_str(self._source)
+        self._chat.post_processor = None
+        self._text = Tokenizer.from_str(self._source)
+        self._text.post_processor = None
+        self._text.encode_special_tokens = True
 
     def _lookup(self, token: Any, fallback: Any) -> int | None:
         content = _token_content(token)
@@ -129,7 +133,7 @@ class HuggingFaceBaseTokenizer:
         Raises:
             ValueError: if the vocabulary has no such token.
         """
-        i = self._tokenizer.token_to_id(token)
+        i = self._chat.token_to_id(token)
         if i is None:
             raise ValueError(f"Token {token!r} is not in the vocabulary of this tokenizer.json.")
         return i
@@ -152,7 +156,7 @@ class HuggingFaceBaseTokenizer:
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Decodes ids to text, dropping special tokens unless ``skip_special_tokens`` is False."""
-        return self._tokenizer.decode([int(i) for i in token_ids], skip_special_tokens=skip_special_tokens)
+        return self._chat.decode([int(i) for i in token_ids], skip_special_tokens=skip_special_tokens)
 
     def encode_segments(self, segments: Sequence[Segment]) -> tuple[list[int], list[bool]]:
         """Tokens of a rendered conversation and whether each is trainable.
@@ -199,11 +203,17 @@ class HuggingFaceBaseTokenizer:
         return engine
 
     def __getstate__(self) -> dict:
-        # caches, rebuilt where they are used: the pickled state (a datasets cache key) must not depend on them
-        state = dict(self.__dict__)
-        state.pop("_engine", None)
+        # Pickled (for datasets' worker processes) and hashed (for their cache keys) as the tokenizer.json text:
+        # the two copies are rebuilt from it (each pickles as its own JSON, which with a 150k vocabulary took 0.3 s
+        # to pickle and 1.4 s to unpickle). Caches are rebuilt where they are used: the state must not depend on
+        # them.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_chat", "_text", "_engine")}
         state["_known_specials"] = set()
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._make_copies()
 
     def _encode_with_engine(self, engine: ByteLevelEngine, conversations: Sequence[Sequence[Segment]]):
         """The conversations' texts between special tokens encoded by the engine (None when it disagrees with
