@@ -241,7 +241,9 @@ def test_tiktoken_pickles_compactly_with_a_stable_identity(tiktoken_tokenizer, t
     clone = pickle.loads(pickle.dumps(tiktoken_tokenizer))
     assert clone.encode(TEXT) == tiktoken_tokenizer.encode(TEXT)
     assert clone.decode(clone.encode(TEXT)) == TEXT
-    assert clone.vocab_size == tiktoken_tokenizer.vocab_size and clone.special_tokens == tiktoken_tokenizer.special_tokens
+    assert (
+        clone.vocab_size == tiktoken_tokenizer.vocab_size and clone.special_tokens == tiktoken_tokenizer.special_tokens
+    )
     assert pickle.loads(pickle.dumps(clone)).encode(TEXT) == clone.encode(TEXT)  # a clone pickles again
     ranks = load_tiktoken_ranks(tiktoken_file())
     fresh = TikTokenBaseTokenizer(
