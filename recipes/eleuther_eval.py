@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from tune import config, training, utils
 from tune.generation import generate
-from tune.modules.peft import get_adapter_params, validate_missing_and_unexpected_for_lora
+from tune.modules.peft import get_adapter_params, validate_lora_state_dict_load
 
 # lm-eval is an optional dependency: fail here, with the install command, rather than halfway through a run
 utils.import_optional("lm_eval", "the eleuther_eval recipe")
@@ -32,7 +32,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, make_
 
 RECIPE_INFO = {"supports_distributed": False, "configs": ["eleuther_evaluation", "*/evaluation", "*/*_evaluation"]}
 
-log = utils.get_logger("tune.recipes.eleuther_eval")
+log = utils.get_logger(name="tune.recipes.eleuther_eval")
 
 
 class TuneLM(TemplateLM):
@@ -176,9 +176,9 @@ class EleutherEvalRecipe:
                     )
                 )
             missing, unexpected = model.load_state_dict(ckpt[training.MODEL_KEY], strict=False)
-            validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="base")
+            validate_lora_state_dict_load(model, missing, unexpected, loaded="base")
             missing, unexpected = model.load_state_dict(ckpt[training.ADAPTER_KEY], strict=False)
-            validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="adapter")
+            validate_lora_state_dict_load(model, missing, unexpected, loaded="adapter")
         else:
             model.load_state_dict(ckpt[training.MODEL_KEY])
         self._model = model.eval()

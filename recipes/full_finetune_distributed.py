@@ -48,7 +48,7 @@ RECIPE_INFO = {
     "optional_keys": ["finetune", "distributed"],
 }
 
-log = utils.get_logger("tune.recipes.full_finetune_distributed")
+log = utils.get_logger(name="tune.recipes.full_finetune_distributed")
 PROGRESS_KEY = "progress"
 
 
@@ -256,7 +256,9 @@ class FullFinetuneRecipeDistributed:
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._optimizer = config.instantiate(cfg.optimizer, self._model.parameters())
         training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
-        self._loss_fn = training.prepare_loss(config.instantiate(cfg.loss), self._model, compile=self._compile)
+        self._loss_fn = training.prepare_loss(
+            config.instantiate(cfg.loss), self._model, compile=self._compile, reduction="sum"
+        )
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
@@ -271,7 +273,9 @@ class FullFinetuneRecipeDistributed:
         self._total_steps = self._epochs * self._steps_per_epoch
         self._lr_scheduler = config.instantiate_lr_scheduler(cfg.lr_scheduler, self._optimizer, self._total_steps)
         self._setup_finetuning_schedule()
-        self._profiler = config.instantiate(cfg.profiler) if cfg.profiler is not None else training.DummyProfiler()
+        self._profiler = training.DummyProfiler()
+        if cfg.profiler is not None:
+            self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
         if self._resume:
             self._restore_recipe_state()
         with training.errors_on_all_ranks():  # written by rank 0
@@ -297,7 +301,7 @@ class FullFinetuneRecipeDistributed:
             reshard_after_forward=self._fsdp_reshard_after_forward,
             param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
             reduce_dtype=utils.get_dtype(fsdp_dtypes.get("reduce_dtype", "fp32")),
-            mesh=self._mesh["dp_shard"],
+            dp_mesh=self._mesh["dp_shard"],
         )
         training.load_from_full_model_state_dict(
             model, full_state_dict, self._device, strict=True, cpu_offload=self._fsdp_cpu_offload

@@ -30,7 +30,7 @@ RECIPE_INFO = {
     "optional_keys": ["finetune"],
 }
 
-log = utils.get_logger("tune.recipes.full_finetune_single_device")
+log = utils.get_logger(name="tune.recipes.full_finetune_single_device")
 
 
 class FullFinetuneRecipeSingleDevice:
@@ -156,7 +156,9 @@ class FullFinetuneRecipeSingleDevice:
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._optimizer = self._setup_optimizer(cfg.optimizer)
         training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
-        self._loss_fn = training.prepare_loss(config.instantiate(cfg.loss), self._model, compile=self._compile)
+        self._loss_fn = training.prepare_loss(
+            config.instantiate(cfg.loss), self._model, compile=self._compile, reduction="sum"
+        )
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
@@ -171,7 +173,9 @@ class FullFinetuneRecipeSingleDevice:
         self._total_steps = self._epochs * self._steps_per_epoch
         self._lr_scheduler = config.instantiate_lr_scheduler(cfg.lr_scheduler, self._optimizer, self._total_steps)
         self._setup_finetuning_schedule()
-        self._profiler = config.instantiate(cfg.profiler) if cfg.profiler is not None else training.DummyProfiler()
+        self._profiler = training.DummyProfiler()
+        if cfg.profiler is not None:
+            self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
         if self._resume:
             self._restore_recipe_state(ckpt)
         config.save_config(cfg, self._output_dir)

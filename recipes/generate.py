@@ -19,11 +19,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from tune import config, training, utils
 from tune.data import Message
 from tune.generation import generate
-from tune.modules.peft import get_adapter_params, validate_missing_and_unexpected_for_lora
+from tune.modules.peft import get_adapter_params, validate_lora_state_dict_load
 
 RECIPE_INFO = {"supports_distributed": False, "configs": ["generation", "*/generation", "*/*_generation"]}
 
-log = utils.get_logger("tune.recipes.generate")
+log = utils.get_logger(name="tune.recipes.generate")
 
 
 class InferenceRecipe:
@@ -83,9 +83,9 @@ class InferenceRecipe:
                     )
                 )
             missing, unexpected = model.load_state_dict(ckpt[training.MODEL_KEY], strict=False)
-            validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="base")
+            validate_lora_state_dict_load(model, missing, unexpected, loaded="base")
             missing, unexpected = model.load_state_dict(adapter, strict=False)
-            validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="adapter")
+            validate_lora_state_dict_load(model, missing, unexpected, loaded="adapter")
             log.info("Loaded the base model and a LoRA adapter (%d tensors), unmerged.", len(adapter))
         else:
             model.load_state_dict(ckpt[training.MODEL_KEY])

@@ -49,7 +49,7 @@ from tune.modules.peft import (
     initialize_dora_magnitudes,
     is_adapter_key,
     set_trainable_params,
-    validate_missing_and_unexpected_for_lora,
+    validate_lora_state_dict_load,
 )
 from tune.training.checkpointing import DistributedCheckpointer, StatefulDistributedSampler
 
@@ -60,7 +60,7 @@ RECIPE_INFO = {
     "optional_keys": ["finetune", "lora", "distributed"],
 }
 
-log = utils.get_logger("tune.recipes.lora_finetune_distributed")
+log = utils.get_logger(name="tune.recipes.lora_finetune_distributed")
 PROGRESS_KEY = "progress"
 
 
@@ -292,7 +292,9 @@ class LoRAFinetuneRecipeDistributed:
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._optimizer = config.instantiate(cfg.optimizer, self._trainable_params())
         training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
-        self._loss_fn = training.prepare_loss(config.instantiate(cfg.loss), self._model, compile=self._compile)
+        self._loss_fn = training.prepare_loss(
+            config.instantiate(cfg.loss), self._model, compile=self._compile, reduction="sum"
+        )
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
@@ -307,7 +309,9 @@ class LoRAFinetuneRecipeDistributed:
         self._total_steps = self._epochs * self._steps_per_epoch
         self._lr_scheduler = config.instantiate_lr_scheduler(cfg.lr_scheduler, self._optimizer, self._total_steps)
         self._setup_finetuning_schedule()
-        self._profiler = config.instantiate(cfg.profiler) if cfg.profiler is not None else training.DummyProfiler()
+        self._profiler = training.DummyProfiler()
+        if cfg.profiler is not None:
+            self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
         if self._resume:
             self._restore_recipe_state()
         with training.errors_on_all_ranks():  # written by rank 0
@@ -375,17 +379,17 @@ class LoRAFinetuneRecipeDistributed:
             reshard_after_forward=self._fsdp_reshard_after_forward,
             param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
             reduce_dtype=utils.get_dtype(fsdp_dtypes.get("reduce_dtype", "fp32")),
-            mesh=self._mesh["dp_shard"],
+            dp_mesh=self._mesh["dp_shard"],
         )
         model_keys = set(model.state_dict())
-        validate_missing_and_unexpected_for_lora(
+        validate_lora_state_dict_load(
             model, model_keys - set(base_state_dict), set(base_state_dict) - model_keys, loaded="base"
         )
         device, offload = self._device, self._fsdp_cpu_offload
         training.load_from_full_model_state_dict(model, base_state_dict, device, strict=False, cpu_offload=offload)
         initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
         if adapter_state_dict is not None:  # continuing from a saved adapter (a resumed run loads DCP later)
-            validate_missing_and_unexpected_for_lora(
+            validate_lora_state_dict_load(
                 model, model_keys - set(adapter_state_dict), set(adapter_state_dict) - model_keys, loaded="adapter"
             )
             training.load_from_full_model_state_dict(

@@ -31,7 +31,7 @@ from tune.modules.peft import (
     get_merged_lora_ckpt,
     initialize_dora_magnitudes,
     set_trainable_params,
-    validate_missing_and_unexpected_for_lora,
+    validate_lora_state_dict_load,
 )
 from tune.training.checkpointing import StatefulDistributedSampler
 
@@ -42,7 +42,7 @@ RECIPE_INFO = {
     "optional_keys": ["finetune", "lora"],
 }
 
-log = utils.get_logger("tune.recipes.lora_finetune_single_device")
+log = utils.get_logger(name="tune.recipes.lora_finetune_single_device")
 
 
 class LoRAFinetuneRecipeSingleDevice:
@@ -184,7 +184,9 @@ class LoRAFinetuneRecipeSingleDevice:
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._optimizer = self._setup_optimizer(cfg.optimizer)
         training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
-        self._loss_fn = training.prepare_loss(config.instantiate(cfg.loss), self._model, compile=self._compile)
+        self._loss_fn = training.prepare_loss(
+            config.instantiate(cfg.loss), self._model, compile=self._compile, reduction="sum"
+        )
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
@@ -199,7 +201,9 @@ class LoRAFinetuneRecipeSingleDevice:
         self._total_steps = self._epochs * self._steps_per_epoch
         self._lr_scheduler = config.instantiate_lr_scheduler(cfg.lr_scheduler, self._optimizer, self._total_steps)
         self._setup_finetuning_schedule()
-        self._profiler = config.instantiate(cfg.profiler) if cfg.profiler is not None else training.DummyProfiler()
+        self._profiler = training.DummyProfiler()
+        if cfg.profiler is not None:
+            self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
         if self._resume:
             self._restore_recipe_state(ckpt)
         config.save_config(cfg, self._output_dir)
@@ -210,7 +214,7 @@ class LoRAFinetuneRecipeSingleDevice:
         with training.set_default_dtype(self._dtype), self._device:
             model = config.instantiate(cfg_model)
         missing, unexpected = model.load_state_dict(base_state_dict, strict=False)
-        validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="base")
+        validate_lora_state_dict_load(model, missing, unexpected, loaded="base")
         initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
         # on the loaded model: a LoRAConverter puts adapters on a model built without them
         model = self._apply_model_converters(model)
@@ -228,7 +232,7 @@ class LoRAFinetuneRecipeSingleDevice:
         self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
         if adapter_state_dict is not None:  # resuming, or continuing from a saved adapter
             missing, unexpected = model.load_state_dict(adapter_state_dict, strict=False)
-            validate_missing_and_unexpected_for_lora(model, missing, unexpected, loaded="adapter")
+            validate_lora_state_dict_load(model, missing, unexpected, loaded="adapter")
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         if self._compile:

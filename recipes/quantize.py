@@ -30,7 +30,7 @@ from tune import config, training, utils
 
 RECIPE_INFO = {"supports_distributed": False, "configs": ["quantization"]}
 
-log = utils.get_logger("tune.recipes.quantize")
+log = utils.get_logger(name="tune.recipes.quantize")
 
 
 class QuantizationRecipe:

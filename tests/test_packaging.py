@@ -35,6 +35,8 @@ def staged(tmp_path_factory) -> Path:
         if (REPO / folder).is_dir():
             shutil.copytree(REPO / folder, stage / folder, ignore=ignore)
         shutil.copytree(FIXTURE / folder, stage / folder, dirs_exist_ok=True)
+    (stage / "docs").mkdir()
+    shutil.copy(REPO / "docs" / "migrating.md", stage / "docs" / "migrating.md")  # read by `tune migrate`
     return stage
 
 
@@ -71,6 +73,7 @@ def test_wheel_ships_recipes_and_configs_inside_the_package(staged, wheel):
         print(f"{folder}: {len(expected)} files staged, {len(shipped)} in the wheel")
         assert shipped == expected
     assert {f"tune/{rel}" for rel in _files(staged / "tune") if rel.endswith(".py")} <= names
+    assert "tune/_shipped/migrating.md" in names  # the migration table `tune migrate` reports from
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "tune = tune._cli.main:main" in text

@@ -25,9 +25,21 @@ from tune.registry import (
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD_PLUGIN = REPO / "tests" / "assets" / "plugins" / "good"
-FAMILIES = ["gemma2", "llama2", "llama3", "llama3_1", "llama3_2", "llama3_3", "mistral", "phi3", "qwen2_5", "qwen3"]
+FAMILIES = [
+    "code_llama2",
+    "gemma2",
+    "llama2",
+    "llama3",
+    "llama3_1",
+    "llama3_2",
+    "llama3_3",
+    "mistral",
+    "phi3",
+    "qwen2_5",
+    "qwen3",
+]
 # subpackages that alias a family for torchtune's configs (ALIAS_OF), not families of their own
-ALIASES = ["gemma"]
+ALIASES = ["gemma", "qwen2"]
 
 PROBE = """
 import json, sys
@@ -203,7 +215,9 @@ def test_a_family_registered_at_run_time_is_found_without_importing_any(empty_re
 
 
 def test_unknown_name_lists_the_families(empty_registry):
-    with pytest.raises(ValueError, match=r"Unknown model_type 'llama9'\. Registered model families: gemma2, llama2"):
+    with pytest.raises(
+        ValueError, match=r"Unknown model_type 'llama9'\. Registered model families: code_llama2, gemma2, llama2"
+    ):
         get_model_family("llama9")
 
 

@@ -8,11 +8,19 @@ import warnings
 from collections.abc import Sequence
 
 import tune
-from tune._cli import _cat, _cp, _download, _ls, _run, _validate
+from tune._cli import _cat, _cp, _download, _ls, _migrate, _run, _validate
 from tune._cli._common import HelpFormatter, examples
 from tune.config import TuneError
 
-_COMMANDS = {"ls": _ls, "cp": _cp, "cat": _cat, "run": _run, "validate": _validate, "download": _download}
+_COMMANDS = {
+    "ls": _ls,
+    "cp": _cp,
+    "cat": _cat,
+    "run": _run,
+    "validate": _validate,
+    "download": _download,
+    "migrate": _migrate,
+}
 _DESCRIPTION = """\
 tune: fine-tune large language models with native-PyTorch recipes.
 
@@ -31,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tune run lora_finetune_single_device --config qwen2_5/0.5B_lora_single_device batch_size=4",
             "tune cp lora_finetune_single_device my_recipe.py && tune run my_recipe.py --config my.yaml",
             "tune validate my.yaml --recipe lora_finetune_single_device",
+            "tune migrate my_torchtune_project/ --dry-run",
             "",
             "`tune CMD --help` documents each command. TUNE_DEBUG=1 shows Python tracebacks for errors.",
         ),

@@ -34,7 +34,7 @@ def log_config(recipe_name: str, cfg: DictConfig) -> None:
     from tune.utils import get_logger, log_rank_zero  # tune.utils imports torch: only when a recipe runs
 
     text = resolved_yaml(cfg)
-    log_rank_zero(get_logger("tune.config"), f"Running {recipe_name} with resolved config:\n\n{text}")
+    log_rank_zero(get_logger(name="tune.config"), f"Running {recipe_name} with resolved config:\n\n{text}")
 
 
 def save_config(cfg: DictConfig, output_dir: str | Path) -> Path:

@@ -20,7 +20,7 @@ from tune.config._errors import _NO_VALUE, ConfigError, ConfigProblem
 from tune.config._instantiate import get_component_from_path, instantiate
 from tune.utils import get_logger
 
-log = get_logger("tune.config")
+log = get_logger(name="tune.config")
 
 # Optional keys of the training recipes and the value each takes when a config leaves it out: torchtune's
 # default where torchtune had the key, "off" for the keys it lacked. One table per concern; a recipe lists the

@@ -37,6 +37,14 @@ from tune.data._message_transforms import (
 from tune.data._messages import ROLES, Message, Role
 from tune.data._packing import FlatSequences, PackedDataset, block_causal_mask, flatten_dataset, pack_lengths
 from tune.data._preview import render_sample
+from tune.data._prompt_templates import (
+    ChatMLTemplate,
+    GrammarErrorCorrectionTemplate,
+    PromptTemplate,
+    PromptTemplateInterface,
+    QuestionAnswerTemplate,
+    SummarizeTemplate,
+)
 from tune.data._protocols import BaseTokenizer, ModelTokenizer
 from tune.data._tokenizers import (
     ChatTokenizer,
@@ -70,6 +78,12 @@ __all__ = [
     "padded_collate_sft",
     "padding_free_collate",
     "render_sample",
+    "ChatMLTemplate",
+    "GrammarErrorCorrectionTemplate",
+    "PromptTemplate",
+    "PromptTemplateInterface",
+    "QuestionAnswerTemplate",
+    "SummarizeTemplate",
     "ChatFormat",
     "ChatTokenizer",
     "Gemma2ChatFormat",

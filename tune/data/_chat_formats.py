@@ -28,6 +28,9 @@ from typing import Any, NamedTuple, Protocol
 
 from tune.data._messages import Message
 
+# The formats read a message's text as ``message._text`` (what ``Message.text_content`` returns, without the
+# property call): rendering is on the data loader's hot path.
+
 
 class Segment(NamedTuple):
     """A piece of a rendered conversation.
@@ -67,46 +70,85 @@ class ChatFormat(Protocol):
         ...
 
 
-def validate_messages(messages: Any, fmt: ChatFormat) -> list[Message]:
-    """Checks a conversation before rendering and returns it as a list of :class:`Message`.
+def check_messages(messages: Any, fmt: ChatFormat) -> list[Message]:
+    """Checks a conversation before rendering it with ``fmt`` and returns it as a list of :class:`Message`.
 
     Dicts with ``role``/``content`` keys are accepted and converted.
 
     Raises:
         TypeError: if ``messages`` is not a list of messages.
-        ValueError: for an empty conversation, a role the format does not support, or content that is not a
-            non-empty string (an empty final assistant turn with ``eot=False``, a generation prefix, is allowed).
+        ValueError: for an empty conversation, a role the format does not support, media content (tune's
+            tokenizers are text-only), or empty text (an empty final assistant turn with ``eot=False``, a
+            generation prefix, is allowed).
     """
     if isinstance(messages, (str, bytes, Message)) or not isinstance(messages, Sequence):
         raise TypeError(f"messages must be a list of Message, got {type(messages).__name__}.")
     if not messages:
         raise ValueError("messages is empty: a conversation needs at least one message.")
     result = []
+    roles = fmt.roles
     for index, message in enumerate(messages):
-        if isinstance(message, dict):
-            missing = [key for key in ("role", "content") if key not in message]
-            if missing:
-                raise ValueError(f"message {index} has no {' or '.join(map(repr, missing))} key: {message!r:.80}")
-            message = Message.from_dict(message)
-        if not isinstance(message, Message):
-            raise TypeError(f"message {index} must be a Message (or a dict), got {type(message).__name__}.")
-        if message.role not in fmt.roles:
+        if type(message) is not Message:
+            message = _as_message(index, message)
+        if message.role not in roles:
             raise ValueError(
                 f"message {index} has role {message.role!r}, which the {fmt.name} chat format does not support; "
-                f"supported roles: {', '.join(sorted(fmt.roles))}."
+                f"supported roles: {', '.join(sorted(roles))}."
             )
-        if not isinstance(message.content, str):
-            raise ValueError(
-                f"message {index} ({message.role}) content must be a string, got {type(message.content).__name__}."
-            )
-        is_open_prefix = index == len(messages) - 1 and message.role == "assistant" and not message.eot
-        if not message.content.strip() and not is_open_prefix:
-            raise ValueError(
-                f"message {index} ({message.role}) has empty content {message.content!r}; drop the message or give "
-                "it text (an empty assistant turn is only allowed last, with eot=False, as a generation prompt)."
-            )
+        text = message._text
+        if not text.strip():
+            if message.contains_media:
+                raise ValueError(_media_error(index, message))
+            if not (index == len(messages) - 1 and message.role == "assistant" and not message.eot):
+                raise ValueError(
+                    f"message {index} ({message.role}) has empty content {text!r}; drop the message or give it text "
+                    "(an empty assistant turn is only allowed last, with eot=False, as a generation prompt)."
+                )
+        elif message._parts is not None and message.contains_media:
+            raise ValueError(_media_error(index, message))
         result.append(message)
     return result
+
+
+def _as_message(index: int, message: Any) -> Message:
+    if isinstance(message, dict):
+        missing = [key for key in ("role", "content") if key not in message]
+        if missing:
+            raise ValueError(f"message {index} has no {' or '.join(map(repr, missing))} key: {message!r:.80}")
+        return Message.from_dict(message)
+    if not isinstance(message, Message):
+        raise TypeError(f"message {index} must be a Message (or a dict), got {type(message).__name__}.")
+    return message
+
+
+def _media_error(index: int, message: Message) -> str:
+    kinds = sorted({part["type"] for part in message.content if part["type"] != "text"})
+    return (
+        f"message {index} ({message.role}) holds {', '.join(kinds)} content; tune's tokenizers are text-only, so "
+        "give the message text content only."
+    )
+
+
+def validate_messages(messages: list[Message]) -> None:
+    """Checks that ``messages`` is a back-and-forth conversation, as torchtune's function of this name does.
+
+    Raises:
+        ValueError: if there are fewer than two messages, a system message is not first, two user messages
+            follow each other, or an assistant message does not follow a user message.
+    """
+    if len(messages) < 2:
+        raise ValueError(
+            f"A conversation needs at least 2 messages (a user and an assistant turn), got {len(messages)}."
+        )
+    previous = "assistant"
+    for index, message in enumerate(messages):
+        if message.role == "system" and index > 0:
+            raise ValueError(f"message {index} is a system message; a system message can only come first.")
+        if message.role == "user" and previous == "user":
+            raise ValueError(f"messages {index - 1} and {index} are both user messages; expected an answer between.")
+        if message.role == "assistant" and previous != "user":
+            raise ValueError(f"message {index} is an assistant message that does not follow a user message.")
+        previous = message.role
 
 
 # Segments of template text (role markers, special tokens, separators: never message content), made once each: a
@@ -236,11 +278,11 @@ class PlainChatFormat:
             trained = not m.masked
             if start_of_turn:
                 segments.append(Segment(self.bos_token, trained, special=True))
-            text = m.content.rstrip(" ")
+            text = m._text.rstrip(" ")
             trim = not start_of_turn and not previous_ends_with_space
             if text:
                 segments.append(Segment(text, trained, separate=True, trim_leading_whitespace=trim))
-            previous_ends_with_space = m.content.endswith(" ")
+            previous_ends_with_space = m._text.endswith(" ")
             start_of_turn = m.role == "assistant"
             if start_of_turn and _open_end(messages, i, add_end_tokens):
                 segments.append(Segment(self.eos_token, trained, special=True))
@@ -270,15 +312,15 @@ class Llama2ChatFormat:
                 if position == 0 and system is not None:
                     # the template strips "<<SYS>>...user", so only the user text's end is stripped here
                     b.header(0, "<<SYS>>\n")
-                    b.content(0, system.content)
+                    b.content(0, system._text)
                     b.end(0, "\n<</SYS>>\n\n")
-                    b.content(i, m.content.rstrip())
+                    b.content(i, m._text.rstrip())
                 else:
-                    b.content(i, m.content.strip())
+                    b.content(i, m._text.strip())
                 b.end(i, " [/INST]")
             else:
                 b.header(i, " ")
-                b.content(i, m.content.strip())
+                b.content(i, m._text.strip())
                 if _open_end(messages, i, add_end_tokens):
                     b.end(i, " ")
                     b.end(i, self.eos_token, special=True)
@@ -306,13 +348,13 @@ class MistralChatFormat:
             if m.role == "user":
                 b.header(i, " [INST] ")
                 if position == 0 and system is not None:
-                    b.content(0, system.content)
+                    b.content(0, system._text)
                     b.end(0, "\n\n")
-                b.content(i, m.content)
+                b.content(i, m._text)
                 b.end(i, " [/INST]")
             else:
                 b.header(i, " ")
-                b.content(i, m.content)
+                b.content(i, m._text)
                 if _open_end(messages, i, add_end_tokens):
                     b.end(i, self.eos_token, special=True)
         return b.segments
@@ -335,7 +377,9 @@ class Llama3ChatFormat:
         b.fixed("<|begin_of_text|>", special=True)
         for i, m in enumerate(messages):
             b.headers(i, _llama3_header("ipython" if m.role == "tool" else m.role))
-            b.content(i, m.content.strip())
+            if m.ipython:  # an assistant's tool call, as torchtune's Llama 3 tokenizer opens it
+                b.content(i, "<|python_tag|>", special=True)
+            b.content(i, m._text.strip())
             if _open_end(messages, i, add_end_tokens):
                 b.end(i, "<|eot_id|>", special=True)
         if _needs_generation_prompt(messages, add_end_tokens):
@@ -373,7 +417,7 @@ class _ChatML:
             b.header(i, "<|im_start|>", special=True)
             b.header(i, "user")
         b.header(i, "\n<tool_response>\n")
-        b.content(i, messages[i].content)
+        b.content(i, messages[i]._text)
         b.end(i, "\n</tool_response>")
         if end and (i == len(messages) - 1 or messages[i + 1].role != "tool"):
             b.end(i, "<|im_end|>", special=True)
@@ -412,7 +456,7 @@ class Qwen2_5ChatFormat(_ChatML):
             if m.role == "tool":
                 self._tool(b, messages, i, end)
             else:
-                self._turn(b, i, m.role, m.content, end)
+                self._turn(b, i, m.role, m._text, end)
         if _needs_generation_prompt(messages, add_end_tokens):
             self._generation_prompt(b)
         return b.segments
@@ -446,7 +490,7 @@ class Qwen3ChatFormat(_ChatML):
         b = _Builder(messages)
         last_query = len(messages) - 1
         for i in range(len(messages) - 1, -1, -1):
-            if messages[i].role == "user" and not _is_tool_response(messages[i].content):
+            if messages[i].role == "user" and not _is_tool_response(messages[i]._text):
                 last_query = i
                 break
         for i, m in enumerate(messages):
@@ -454,9 +498,9 @@ class Qwen3ChatFormat(_ChatML):
             if m.role == "tool":
                 self._tool(b, messages, i, end)
             elif m.role == "assistant":
-                self._assistant(b, i, m.content, end, after_query=i > last_query, last=i == len(messages) - 1)
+                self._assistant(b, i, m._text, end, after_query=i > last_query, last=i == len(messages) - 1)
             else:
-                self._turn(b, i, m.role, m.content, end)
+                self._turn(b, i, m.role, m._text, end)
         if _needs_generation_prompt(messages, add_end_tokens):
             self._generation_prompt(b)
             if not self.enable_thinking:
@@ -502,9 +546,9 @@ class Gemma2ChatFormat:
             b.header(i, "<start_of_turn>", special=True)
             b.header(i, ("model" if m.role == "assistant" else m.role) + "\n")
             if position == 0 and system is not None:
-                b.content(0, system.content)
+                b.content(0, system._text)
                 b.end(0, "\n\n")
-            b.content(i, m.content.strip())
+            b.content(i, m._text.strip())
             if _open_end(messages, i, add_end_tokens):
                 b.end(i, "<end_of_turn>", special=True)
                 b.separator(i, "\n")
@@ -533,7 +577,7 @@ class Phi3ChatFormat:
         for i, m in enumerate(messages):
             b.header(i, f"<|{m.role}|>", special=True)
             b.header(i, "\n")
-            b.content(i, m.content)
+            b.content(i, m._text)
             if _open_end(messages, i, add_end_tokens):
                 b.end(i, "<|end|>", special=True)
                 b.separator(i, "\n")

@@ -10,6 +10,7 @@ loss); when True only an injected ``new_system_prompt`` stays masked.
 """
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tune.data._masking import mask_messages
@@ -64,6 +65,14 @@ def _text(row: Mapping[str, Any], column: str, *, allow_empty: bool = False) -> 
     return value
 
 
+def _check_text_only(image_dir: Any, owner: str) -> None:
+    if image_dir is not None:
+        raise ValueError(
+            f"{owner}: image_dir={image_dir!r} was given, but tune is text-only for now (no image loading); "
+            "leave image_dir as None."
+        )
+
+
 def _system(new_system_prompt: str | None) -> list[Message]:
     # An injected system prompt is an instruction to the model, never a training target.
     return [Message(role="system", content=new_system_prompt, masked=True)] if new_system_prompt else []
@@ -76,9 +85,10 @@ class InputOutputToMessages:
         train_on_input (bool): compute loss on the user turn too. Default False.
         column_map (Mapping[str, str] | None): ``{"input": "question", "output": "answer"}`` to read other columns.
         new_system_prompt (str | None): prepend this system message to every conversation (always masked).
+        image_dir (Path | None): torchtune's directory of images; tune is text-only, so it must be None.
 
     Raises:
-        ValueError: for a column_map key other than ``input``/``output``.
+        ValueError: for a column_map key other than ``input``/``output``, or an ``image_dir``.
     """
 
     def __init__(
@@ -86,7 +96,9 @@ class InputOutputToMessages:
         train_on_input: bool = False,
         column_map: Mapping[str, str] | None = None,
         new_system_prompt: str | None = None,
+        image_dir: "Path | None" = None,
     ) -> None:
+        _check_text_only(image_dir, type(self).__name__)
         self.train_on_input = train_on_input
         self.new_system_prompt = new_system_prompt
         self.column_map = _resolve_column_map(column_map, ("input", "output"), type(self).__name__)
@@ -167,6 +179,8 @@ def _conversation(
         if not isinstance(content, str):
             raise ValueError(f"{where}: content must be a string, got {type(content).__name__}.")
         if not content.strip():
+            if role == "system":
+                continue  # an empty system prompt says nothing (SlimOrca has some); the turn is dropped
             raise ValueError(f"{where}: content is empty.")
         masked = role != "assistant" and not train_on_input
         messages.append(Message(role=role, content=content, masked=masked))
@@ -196,12 +210,14 @@ class ShareGPTToMessages:
         train_on_input (bool): compute loss on system and user turns too. Default False.
         column_map (Mapping[str, str] | None): ``{"conversations": "my_column"}``.
         new_system_prompt (str | None): replaces any system turn of the data (always masked).
+        image_dir (Path | None): torchtune's directory of images; tune is text-only, so it must be None.
+        image_tag (str | None): torchtune's image placeholder in the text; has no effect without images.
         masking_strategy (str | None): ``"train_on_assistant"``, ``"train_on_all"`` or ``"train_on_last"`` (only
             the final assistant turn); None follows ``train_on_input``.
 
     Raises:
-        ValueError: for an unknown column_map key or masking strategy, or both ``train_on_input`` and
-            ``masking_strategy``.
+        ValueError: for an unknown column_map key or masking strategy, both ``train_on_input`` and
+            ``masking_strategy``, or an ``image_dir``.
     """
 
     _ROLE_MAP = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
@@ -211,8 +227,12 @@ class ShareGPTToMessages:
         train_on_input: bool = False,
         column_map: Mapping[str, str] | None = None,
         new_system_prompt: str | None = None,
+        image_dir: "Path | None" = None,
+        image_tag: str | None = "<image>",
         masking_strategy: str | None = None,
     ) -> None:
+        _check_text_only(image_dir, type(self).__name__)
+        self.image_tag = image_tag
         _check_masking(train_on_input, masking_strategy, type(self).__name__)
         self.train_on_input = train_on_input
         self.new_system_prompt = new_system_prompt

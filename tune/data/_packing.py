@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
 from tune.utils import get_logger
 
-_log = get_logger(__name__)
+_log = get_logger(name=__name__)
 
 
 @dataclass

@@ -9,12 +9,19 @@ tokenises once with ``datasets.map`` (cached on disk) and, with ``packed=True``,
 from tune.data import PackedDataset
 from tune.datasets._alpaca import alpaca_cleaned_dataset, alpaca_dataset
 from tune.datasets._chat import chat_dataset
+from tune.datasets._cnn_dailymail import cnn_dailymail_articles_dataset
 from tune.datasets._concat import ConcatDataset
+from tune.datasets._grammar import grammar_dataset
+from tune.datasets._hh_rlhf_helpful import hh_rlhf_helpful_dataset
 from tune.datasets._instruct import instruct_dataset
 from tune.datasets._preference import PreferenceDataset, preference_dataset
+from tune.datasets._samsum import samsum_dataset
 from tune.datasets._sft import SFTDataset
+from tune.datasets._slimorca import slimorca_dataset
+from tune.datasets._stack_exchange_paired import stack_exchange_paired_dataset
 from tune.datasets._text_completion import TextCompletionDataset, text_completion_dataset
 from tune.datasets._weighted import WeightedDataset
+from tune.datasets._wikitext import wikitext_dataset
 
 __all__ = [
     "ConcatDataset",
@@ -26,7 +33,14 @@ __all__ = [
     "alpaca_cleaned_dataset",
     "alpaca_dataset",
     "chat_dataset",
+    "cnn_dailymail_articles_dataset",
+    "grammar_dataset",
+    "hh_rlhf_helpful_dataset",
     "instruct_dataset",
     "preference_dataset",
+    "samsum_dataset",
+    "slimorca_dataset",
+    "stack_exchange_paired_dataset",
     "text_completion_dataset",
+    "wikitext_dataset",
 ]

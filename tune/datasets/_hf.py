@@ -19,7 +19,7 @@ import numpy as np
 from tune.data import CROSS_ENTROPY_IGNORE_IDX, FlatSequences, ModelTokenizer
 from tune.utils import TuneError, get_logger, get_world_size
 
-_log = get_logger(__name__)
+_log = get_logger(name=__name__)
 
 # Bump when the tokenisation output of this module changes, so old cache entries are not reused.
 _PIPELINE_VERSION = "2"

@@ -47,12 +47,13 @@ class PreferenceDataset(Dataset):
         message_transform (Callable): row -> ``{"chosen": [...], "rejected": [...]}`` with ``required_columns``.
         tokenizer (ModelTokenizer): the model's tokenizer.
         filter_fn (Callable | None): keep a raw row when it returns True.
+        packed (bool): packing preference pairs is not supported; must be False (torchtune's argument).
         split (str): split to load. Default ``"train"``.
         num_proc (int | None): tokenising processes; None picks by size.
         **load_dataset_kwargs: passed to ``datasets.load_dataset``.
 
     Raises:
-        ValueError: for a missing column, empty data, or a bad row (naming its index).
+        ValueError: for ``packed=True``, a missing column, empty data, or a bad row (naming its index).
     """
 
     def __init__(
@@ -62,11 +63,18 @@ class PreferenceDataset(Dataset):
         message_transform: Callable,
         tokenizer: ModelTokenizer,
         filter_fn: Callable | None = None,
+        packed: bool = False,
         split: str = "train",
         num_proc: int | None = None,
         **load_dataset_kwargs: Any,
     ) -> None:
         from datasets import Features, Sequence, Value
+
+        if packed:
+            raise ValueError(
+                "packed=True is not supported for preference datasets (a chosen and a rejected sequence form one "
+                "sample); leave packed as False."
+            )
 
         raw = _hf.load_source(source, split=split, **load_dataset_kwargs)
         source = _hf.describe_source(source, load_dataset_kwargs)  # for messages and logs

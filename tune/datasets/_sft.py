@@ -9,7 +9,7 @@ from tune.data._tokenizers._utils import FlatEncoding
 from tune.datasets import _hf
 from tune.utils import get_logger
 
-_log = get_logger(__name__)
+_log = get_logger(name=__name__)
 
 
 class _TokenizeConversations:

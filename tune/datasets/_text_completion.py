@@ -9,15 +9,18 @@ from tune.datasets._packed import maybe_pack
 from tune.datasets._sft import log_truncated
 from tune.utils import get_logger
 
-_log = get_logger(__name__)
+_log = get_logger(name=__name__)
 
 
 class _TokenizeText:
     """Batched map function: ``column`` text -> tokens (labels equal tokens). Empty texts are dropped."""
 
-    def __init__(self, tokenizer: ModelTokenizer, column: str, add_eos: bool, source: str) -> None:
+    def __init__(
+        self, tokenizer: ModelTokenizer, column: str, add_eos: bool, source: str, max_seq_len: int | None = None
+    ) -> None:
         self.tokenizer = tokenizer
-        self.max_seq_len = getattr(tokenizer, "max_seq_len", None)
+        limits = [n for n in (getattr(tokenizer, "max_seq_len", None), max_seq_len) if n is not None]
+        self.max_seq_len = min(limits) if limits else None
         self.column, self.add_eos, self.source = column, add_eos, source
 
     def __call__(self, batch: dict[str, list], indices: list[int]):
@@ -52,6 +55,8 @@ class TextCompletionDataset(Dataset):
         filter_fn (Callable | None): keep a raw row when it returns True.
         split (str): split to load. Default ``"train"``.
         num_proc (int | None): tokenising processes; None picks by size.
+        max_seq_len (int | None): cut texts to this many tokens (the tokenizer's ``max_seq_len`` cuts too; the
+            smaller applies). Default None.
         **load_dataset_kwargs: passed to ``datasets.load_dataset``.
 
     Raises:
@@ -68,6 +73,7 @@ class TextCompletionDataset(Dataset):
         filter_fn: Callable | None = None,
         split: str = "train",
         num_proc: int | None = None,
+        max_seq_len: int | None = None,
         **load_dataset_kwargs: Any,
     ) -> None:
         from tune.datasets._sft import _sft_features
@@ -78,7 +84,7 @@ class TextCompletionDataset(Dataset):
         procs = _hf.resolve_num_proc(num_proc, len(raw))
         raw = _hf.filter_rows(raw, filter_fn, source, procs)
         source += " (after filter_fn; row numbers count kept rows)" if filter_fn is not None else ""
-        function = _TokenizeText(tokenizer, column, add_eos, source)
+        function = _TokenizeText(tokenizer, column, add_eos, source, max_seq_len)
         key = _hf.fingerprint(
             raw,
             "text",

@@ -6,7 +6,7 @@ from torch.utils.data import Dataset
 
 from tune.utils import get_logger
 
-_log = get_logger(__name__)
+_log = get_logger(name=__name__)
 
 
 def _counts(weights: np.ndarray, total: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Autoregressive generation for a ``TransformerDecoder``, with left-padded batches and an optional KV cache."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -73,6 +73,7 @@ def generate(
     rng: torch.Generator | None = None,
     use_cache: bool = True,
     return_logits: bool = False,
+    custom_generate_next_token: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Generates tokens after each prompt of a batch.
 
@@ -100,17 +101,25 @@ def generate(
         rng (torch.Generator | None): generator for reproducible sampling. Default None.
         use_cache (bool): use a KV cache. Default True.
         return_logits (bool): also return the logits each new token was drawn from. Default False.
+        custom_generate_next_token (Callable | None): replaces :func:`generate_next_token` for every token after
+            the first (typically a ``torch.compile``-d copy of it); called with the same arguments and returning
+            ``(tokens [b, 1], logits [b, 1, vocab])``. ``top_p`` cannot be combined with it. Default None.
 
     Returns:
         torch.Tensor | tuple[torch.Tensor, torch.Tensor]: generated tokens [b, n] int64 (without the prompt;
         ``n <= max_generated_tokens``), and with ``return_logits`` also their logits [b, n, vocab] float32.
 
     Raises:
-        ValueError: for bad sampling arguments, an empty or all-padding prompt, or a sequence longer than the
-            model's ``max_seq_len``.
+        ValueError: for bad sampling arguments, an empty or all-padding prompt, a sequence longer than the
+            model's ``max_seq_len``, or ``top_p`` with ``custom_generate_next_token``.
         TypeError: if ``use_cache`` is set and the model has no KV-cache methods.
     """
     _check_sampling_args(temperature, top_k, top_p)
+    if custom_generate_next_token is not None and top_p is not None:
+        raise ValueError(
+            "custom_generate_next_token takes generate_next_token's arguments, which have no top_p; drop top_p or "
+            "the custom function."
+        )
     if max_generated_tokens < 1:
         raise ValueError(f"max_generated_tokens must be at least 1, got {max_generated_tokens}.")
     dtype, device = _model_dtype_device(model)
@@ -134,6 +143,8 @@ def generate(
     attn_mask = get_causal_mask_from_padding_mask(full_mask)  # [b, total, total]
     positions = get_position_ids_from_padding_mask(full_mask)  # [b, total]
     stop = torch.tensor(list(stop_tokens or []), dtype=torch.long, device=device)
+    if use_cache and hasattr(model, "caches_are_setup") and model.caches_are_setup() and not model.caches_are_enabled():
+        use_cache = False  # the caller disabled the caches (disable_kv_cache): recompute instead
     step = _CachedStep(model, batch_size, dtype, total_len) if use_cache else _FullStep(model)
     sequence = torch.cat([tokens, tokens.new_full((batch_size, max_generated_tokens), pad_id)], dim=1)
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)
@@ -141,8 +152,17 @@ def generate(
     try:
         with torch.no_grad():
             for cur in range(prompt_len, total_len):
-                logits = step(sequence, cur, attn_mask, positions)  # [b, vocab], predicts position `cur`
-                next_token = sample(logits, temperature, top_k, top_p, rng).masked_fill(done, pad_id)
+                x, mask, input_pos = step.inputs(sequence, cur, attn_mask, positions)
+                if custom_generate_next_token is None or cur == prompt_len:
+                    logits = model(x, mask=mask, input_pos=input_pos)[:, -1]  # [b, vocab], predicts position `cur`
+                    next_token = sample(logits, temperature, top_k, top_p, rng)
+                else:
+                    q = None if rng is None else _exponential_noise(batch_size, model, rng, device)
+                    next_token, logits = custom_generate_next_token(
+                        model, input_pos=input_pos, x=x, mask=mask, temperature=temperature, top_k=top_k, q=q
+                    )
+                    next_token, logits = next_token.reshape(batch_size), logits[:, -1]
+                next_token = next_token.masked_fill(done, pad_id)
                 sequence[:, cur] = next_token
                 num_generated += 1
                 if return_logits:
@@ -158,17 +178,53 @@ def generate(
     return generated
 
 
+def generate_next_token(
+    model: nn.Module,
+    input_pos: torch.Tensor,
+    x: torch.Tensor,
+    q: torch.Tensor | None = None,
+    *,
+    mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs the model on ``x`` and samples the token that follows its last position.
+
+    Args:
+        model (nn.Module): a ``TransformerDecoder`` (or anything called as ``model(x, input_pos=..., mask=...)``
+            returning ``[b, s, vocab]`` logits).
+        input_pos (torch.Tensor): ``[b, s]`` positions of ``x``.
+        x (torch.Tensor): ``[b, s]`` token ids (with a KV cache: only the tokens not in the cache yet).
+        q (torch.Tensor | None): ``[b, vocab]`` Exponential(1) noise for :func:`sample`; None draws with
+            ``torch.multinomial``.
+        mask (torch.Tensor | None): ``[b, s, s_kv]`` bool attention mask; None for causal attention.
+        temperature (float): sampling temperature; 0 for greedy. Default 1.0.
+        top_k (int | None): sample among the k most likely tokens only. Default None.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: the next tokens ``[b, 1]`` int64 and their logits ``[b, 1, vocab]``.
+    """
+    logits = model(x, input_pos=input_pos, mask=mask)[:, -1]  # [b, vocab]
+    tokens = sample(logits, temperature, top_k, q=q)
+    return tokens[:, None], logits[:, None]
+
+
+def _exponential_noise(batch_size: int, model: nn.Module, rng: torch.Generator, device: torch.device) -> torch.Tensor:
+    vocab_size = model.tok_embeddings.num_embeddings
+    return torch.empty(batch_size, vocab_size, device=device).exponential_(1, generator=rng)
+
+
 class _FullStep:
     """Recomputes the whole sequence each step (no cache)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
-    def __call__(
+    def inputs(
         self, sequence: torch.Tensor, cur: int, attn_mask: torch.Tensor, positions: torch.Tensor
-    ) -> torch.Tensor:
-        logits = self.model(sequence[:, :cur], mask=attn_mask[:, :cur, :cur], input_pos=positions[:, :cur])
-        return logits[:, -1]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The model inputs that predict position ``cur``: the whole sequence so far."""
+        return sequence[:, :cur], attn_mask[:, :cur, :cur], positions[:, :cur]
 
     def close(self) -> None:
         pass
@@ -186,13 +242,13 @@ class _CachedStep:
             model.reset_caches()
         self.filled = 0
 
-    def __call__(
+    def inputs(
         self, sequence: torch.Tensor, cur: int, attn_mask: torch.Tensor, positions: torch.Tensor
-    ) -> torch.Tensor:
-        # Feed the tokens not yet in the cache: the whole prompt first, then the last generated token.
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The model inputs that predict position ``cur``: the tokens not yet in the cache (the whole prompt
+        first, then the last generated token)."""
         start, self.filled = self.filled, cur
-        logits = self.model(sequence[:, start:cur], mask=attn_mask[:, start:cur, :], input_pos=positions[:, start:cur])
-        return logits[:, -1]
+        return sequence[:, start:cur], attn_mask[:, start:cur, :], positions[:, start:cur]
 
     def close(self) -> None:
         if self.owns_cache and hasattr(self.model, "delete_caches"):

@@ -58,6 +58,7 @@ def sample(
     top_k: int | None = None,
     top_p: float | None = None,
     rng: torch.Generator | None = None,
+    q: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Picks one token per row from next-token logits.
 
@@ -72,6 +73,9 @@ def sample(
         top_p (float | None): keep the smallest set of tokens holding this probability mass. Default None (all).
         rng (torch.Generator | None): generator for reproducible draws, on the logits' device. Default None
             (the global generator).
+        q (torch.Tensor | None): [b, vocab] (or [vocab]) draws of an Exponential(1) distribution, as torchtune's
+            ``sample`` takes them: the token is then ``argmax(probs / q)``, which is a draw from ``probs`` (the
+            exponential race), with the randomness supplied by the caller. Default None (``torch.multinomial``).
 
     Returns:
         torch.Tensor: [b] (or scalar for 1-D input) int64 token ids.
@@ -91,5 +95,8 @@ def sample(
         if top_p is not None:
             scaled = apply_top_p(scaled, top_p)
         probs = torch.softmax(scaled, dim=-1)
-        tokens = torch.multinomial(probs, num_samples=1, generator=rng).squeeze(-1)
+        if q is None:
+            tokens = torch.multinomial(probs, num_samples=1, generator=rng).squeeze(-1)
+        else:
+            tokens = (probs / q.reshape(probs.shape)).argmax(dim=-1)
     return tokens[0] if squeeze else tokens

@@ -4,8 +4,10 @@ Families differ in a handful of switches (QKV bias, q/k norm, tied output, RoPE 
 soft-capping, Gemma's norms); one function wires them so that a fix lands in every family at once. Families
 expose their own component builders with torchtune's keyword names and call this.
 
-Also here: ``ModelSize``, a row of the table of released sizes each family keeps in its ``_model_builders.py``,
-and ``qlora_builder``, which makes a family's ``qlora_*`` builders from its ``lora_*`` ones.
+Also here: ``ModelSize``, a row of the table of released sizes each family keeps in its ``_model_builders.py``;
+``qlora_builder``, which makes a family's ``qlora_*`` builders from its ``lora_*`` ones; ``llama_intermediate_dim``
+(the Llama builders' default feed-forward width); ``inst_template`` (the ``[INST]`` text of Llama 2's and Mistral's
+chat templates) and ``check_torchtune_bpe_options`` (torchtune's Qwen tokenizer options tune accepts).
 """
 
 import functools
@@ -17,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from tune.data import Message
 from tune.modules import (
     FeedForward,
     Llama3ScaledRoPE,
@@ -126,11 +129,14 @@ def build_decoder(
     activation: str = "silu",
     embed_scale: float | None = None,
     lora: LoRASpec | None = None,
+    output_dim: int | None = None,
 ) -> TransformerDecoder:
     """Assembles a decoder from family switches (see the family component builders for their meaning).
 
     ``gemma_norms`` selects Gemma's ``(1 + weight)`` RMSNorm and the extra post-attention and post-feed-forward
-    norms; ``rope_scaling`` holds ``Llama3ScaledRoPE`` arguments; ``sliding_windows`` one entry per layer.
+    norms; ``rope_scaling`` holds ``Llama3ScaledRoPE`` arguments; ``sliding_windows`` one entry per layer;
+    ``output_dim`` the width of an untied output projection (default ``vocab_size``; ``num_classes`` for a
+    classifier or reward model, whose output then scores every position).
 
     Raises:
         ValueError: for inconsistent sizes or LoRA on a tied output.
@@ -142,6 +148,8 @@ def build_decoder(
     sliding_windows = list(sliding_windows) if sliding_windows is not None else [None] * num_layers
     if len(sliding_windows) != num_layers:
         raise ValueError(f"sliding_windows has {len(sliding_windows)} entries for {num_layers} layers.")
+    if output_dim is not None and tie_word_embeddings:
+        raise ValueError(f"output_dim={output_dim} needs an untied output projection; set tie_word_embeddings=False.")
     if lora is not None and lora.apply_to_output and tie_word_embeddings:
         raise ValueError(
             "apply_lora_to_output=True needs an untied output projection, but this model ties it to the token "
@@ -177,7 +185,7 @@ def build_decoder(
         if final_softcapping is not None:
             raise ValueError("final_softcapping is only implemented for tied output embeddings (Gemma).")
         adapted = lora is not None and lora.apply_to_output
-        output = _linear(embed_dim, vocab_size, bias=False, adapted=adapted, lora=lora)
+        output = _linear(embed_dim, output_dim or vocab_size, bias=False, adapted=adapted, lora=lora)
     return TransformerDecoder(
         tok_embeddings=tok_embeddings,
         layers=layers,
@@ -259,6 +267,24 @@ def _activation(name: str) -> nn.Module:
     raise ValueError(f"Unknown activation {name!r}; supported: 'silu', 'gelu_tanh'.")
 
 
+def llama_intermediate_dim(embed_dim: int, multiple_of: int = 256) -> int:
+    """The feed-forward width of a Llama builder called without ``intermediate_dim``.
+
+    A SwiGLU feed-forward has three matrices where a plain MLP of width ``4 * embed_dim`` has two, so Llama takes
+    two thirds of that width (the same parameter count), rounded up to a multiple of ``multiple_of``
+    (Touvron et al., 2023, https://arxiv.org/abs/2302.13971, section 2.2). torchtune's builders compute the same.
+
+    Args:
+        embed_dim (int): model width.
+        multiple_of (int): the width is rounded up to a multiple of this. Default 256.
+
+    Returns:
+        int: the feed-forward hidden width.
+    """
+    width = 4 * int(2 * embed_dim / 3)
+    return -(-width // multiple_of) * multiple_of
+
+
 @dataclass(frozen=True)
 class ModelSize:
     """A released model size: a row of a family's ``MODEL_SIZES`` table, keyed by the name of its builder.
@@ -284,13 +310,17 @@ def qlora_builder(lora_builder: Callable[..., Any]) -> functools.partial:
 
     The partial reads like a function: ``__name__``, ``__qualname__``, ``__module__`` and ``__doc__`` are set, and
     ``inspect.signature`` (what ``tune validate`` checks config keys against) gives the LoRA builder's parameters
-    without ``quantize_base``.
+    as ``functools.partial`` makes them: ``quantize_base`` keyword-only with default True, and the parameters after
+    it keyword-only too (torchtune's ``qlora_*`` builders are such partials and take the same arguments).
 
     Args:
         lora_builder (Callable[..., Any]): a family's ``lora_<size>`` builder, with a ``quantize_base`` parameter.
 
     Returns:
         functools.partial: the ``qlora_<size>`` builder.
+
+    Raises:
+        TypeError: if ``lora_builder`` has no ``quantize_base`` parameter.
     """
     signature = inspect.signature(lora_builder)
     if "quantize_base" not in signature.parameters:
@@ -301,8 +331,52 @@ def qlora_builder(lora_builder: Callable[..., Any]) -> functools.partial:
     builder.__doc__ = (
         f":func:`{lora_builder.__name__}` with ``quantize_base=True`` (QLoRA, Dettmers et al., 2023,\n"
         "https://arxiv.org/abs/2305.14314): the base weights of the adapted layers are stored in NF4. It takes the\n"
-        "same arguments, except ``quantize_base``.\n"
+        "same arguments; those from ``quantize_base`` on are keyword-only.\n"
     )
-    parameters = [p for name, p in signature.parameters.items() if name != "quantize_base"]
-    builder.__signature__ = signature.replace(parameters=parameters)
+    builder.__signature__ = inspect.signature(builder)  # what functools.partial gives, fixed once
     return builder
+
+
+def inst_template(messages: list[Message], system_tags: tuple[str, str]) -> list[Message]:
+    """The ``[INST]`` text layout of Llama 2 and Mistral, as a prompt template's call.
+
+    Each user turn becomes ``"[INST] {text} [/INST] "``; a system message is dropped and its text, wrapped in
+    ``system_tags``, opens the first user turn after it (the layout of the families' Hugging Face chat templates).
+    Other turns are left as they are.
+
+    Args:
+        messages (list[Message]): one conversation.
+        system_tags (tuple[str, str]): text before and after the system prompt inside the user turn.
+
+    Returns:
+        list[Message]: the templated conversation (the input messages are not changed).
+    """
+    out, system = [], ""
+    for message in messages:
+        if message.role == "system":
+            system = f"{system_tags[0]}{message.text_content}{system_tags[1]}"
+            continue
+        if message.role == "user":
+            parts = [{"type": "text", "content": f"[INST] {system}"}, *message.content]
+            parts.append({"type": "text", "content": " [/INST] "})
+            message = Message("user", parts, masked=message.masked, ipython=message.ipython, eot=message.eot)
+            system = ""
+        out.append(message)
+    return out
+
+
+def check_torchtune_bpe_options(options: dict[str, Any]) -> None:
+    """Accepts the keyword options of torchtune's Qwen tokenizers that tune's tokenizer already behaves as.
+
+    Raises:
+        ValueError: for any other option or value, naming it.
+    """
+    options = dict(options)
+    options.pop("bpe_cache_size", None)  # a speed setting of torchtune's BPE: nothing to set here
+    if options.get("errors", "replace") == "replace":
+        options.pop("errors", None)
+    if options:
+        raise ValueError(
+            f"Unsupported tokenizer option(s) {sorted(options)}: tune's Qwen tokenizers take their special tokens "
+            "from tokenizer.json and decode invalid UTF-8 with errors='replace'; remove these arguments."
+        )

@@ -19,7 +19,7 @@ from tune import registry
 from tune.modules import RotaryPositionalEmbeddings
 from tune.utils import get_logger
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 # (Hugging Face key prefix pattern, tune prefix) for the Llama-style layout most families share. Only the module
 # path is renamed: the parameter name after it (weight, bias, lora_a.weight, ...) is kept as it is.

@@ -107,6 +107,8 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = q_norm
         self.k_norm = k_norm
         self.kv_cache = kv_cache
+        # False makes forward ignore the cache without freeing it (`tune.modules.disable_kv_cache`).
+        self.cache_enabled = True
         # False always runs one masked SDPA call, never the per-document attention of `_packed_attention`.
         self.split_packed_documents = True
 
@@ -144,6 +146,7 @@ class MultiHeadAttention(nn.Module):
             torch.Tensor: [b, s, embed_dim].
         """
         batch_size, seq_len, _ = x.shape
+        kv_cache = self.kv_cache if self.cache_enabled else None
         # projections, [b, s, heads, head_dim]
         q = self.q_proj(x).view(batch_size, seq_len, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(batch_size, seq_len, self.num_kv_heads, self.head_dim)
@@ -151,7 +154,7 @@ class MultiHeadAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         # position embedding, after the tokens already in the cache
-        offset = self.kv_cache.size if self.kv_cache is not None else 0
+        offset = kv_cache.size if kv_cache is not None else 0
         if self.pos_embeddings is not None:
             if input_pos is None and offset:
                 input_pos = torch.arange(offset, offset + seq_len, device=x.device).expand(batch_size, seq_len)
@@ -159,8 +162,8 @@ class MultiHeadAttention(nn.Module):
             k = self.pos_embeddings(k, input_pos=input_pos)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, head_dim]
         # KV cache: the keys and values of earlier steps join this step's
-        if self.kv_cache is not None:
-            k, v = self.kv_cache.update(k, v)  # [b, num_kv_heads, s_kv, head_dim]
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # [b, num_kv_heads, s_kv, head_dim]
         # attention
         out = self._attend(q, k, v, mask, offset)  # [b, num_heads, s, head_dim]
         # output projection
@@ -250,7 +253,7 @@ class MultiHeadAttention(nn.Module):
 
     def _packed_document_spans(self, mask: torch.Tensor | None, q: torch.Tensor) -> list[int] | None:
         """The document lengths of a packed batch that may attend one document at a time, else None."""
-        if not self.split_packed_documents or self.kv_cache is not None:
+        if not self.split_packed_documents or (self.kv_cache is not None and self.cache_enabled):
             return None
         if not self.is_causal or self.sliding_window is not None or self.softcapping is not None:
             return None  # attend_documents computes plain causal attention

@@ -83,3 +83,23 @@ def create_block_causal_mask(seq_lens: list[torch.Tensor] | list[list[int]]) -> 
         raise ValueError(f"Every row of seq_lens must sum to the same packed length; got totals {sorted(totals)}.")
     document_ids = torch.stack([torch.repeat_interleave(torch.arange(len(row)), row) for row in rows])  # [b, s]
     return get_block_causal_mask_from_document_ids(document_ids)
+
+
+def packed_block_causal_mask(seq_lens: list[torch.Tensor]) -> torch.Tensor:
+    """The attention mask of packed sequences: causal within each document, nothing across documents.
+
+    torchtune returns a flex-attention ``BlockMask`` on GPUs that support it; tune's attention takes the dense
+    boolean mask everywhere (and attends packed documents one at a time when it can), so this is
+    :func:`create_block_causal_mask`.
+
+    Args:
+        seq_lens (list[torch.Tensor]): one 1-D tensor of document lengths per row, each summing to the packed
+            length ``s``.
+
+    Returns:
+        torch.Tensor: [b, s, s] bool, True where a query may attend a key.
+
+    Raises:
+        ValueError: if the rows do not have the same total length.
+    """
+    return create_block_causal_mask(seq_lens)

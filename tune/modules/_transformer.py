@@ -1,5 +1,7 @@
 """The decoder-only transformer and its self-attention layer."""
 
+import copy
+
 import torch
 from torch import nn
 
@@ -42,9 +44,13 @@ class TransformerSelfAttentionLayer(nn.Module):
         """Allocates the attention's KV cache."""
         self.attn.setup_cache(batch_size, dtype, decoder_max_seq_len)
 
-    def caches_are_enabled(self) -> bool:
+    def caches_are_setup(self) -> bool:
         """Whether the attention has a KV cache."""
         return self.attn.kv_cache is not None
+
+    def caches_are_enabled(self) -> bool:
+        """Whether the attention has a KV cache and uses it (see ``tune.modules.disable_kv_cache``)."""
+        return self.attn.kv_cache is not None and self.attn.cache_enabled
 
     def reset_cache(self) -> None:
         """Empties the attention's KV cache."""
@@ -66,31 +72,42 @@ class TransformerDecoder(nn.Module):
 
     Args:
         tok_embeddings (nn.Embedding): vocab_size -> embed_dim.
-        layers (nn.ModuleList | list[nn.Module]): the transformer layers.
+        layers (nn.ModuleList | list[nn.Module] | nn.Module): the transformer layers, or one layer to copy
+            ``num_layers`` times.
         max_seq_len (int): the longest sequence the model supports (and the default KV-cache capacity).
         num_heads (int): query heads per layer (recorded for tools such as generation).
         head_dim (int): features per head.
         norm (nn.Module): the final norm.
         output (nn.Module): embed_dim -> vocab_size (``nn.Linear``, ``TiedLinear`` or a LoRA layer).
+        num_layers (int | None): with a single layer module as ``layers``, the number of deep copies to stack;
+            None when ``layers`` is already the list of layers. Default None.
+        output_hidden_states (list[int] | None): indices of layers whose INPUT hidden state ``[b, s, embed_dim]``
+            is also returned: ``forward`` then returns ``[*hidden_states, output]``. Default None (output only).
         embed_scale (float | None): multiplies the embeddings (Gemma uses ``sqrt(embed_dim)``, rounded to the
             activation dtype as Hugging Face does). None for no scaling.
+
+    Raises:
+        ValueError: if ``num_layers`` is given with a list of layers, or missing with a single layer.
     """
 
     def __init__(
         self,
         *,
         tok_embeddings: nn.Embedding,
-        layers: nn.ModuleList | list[nn.Module],
+        layers: nn.ModuleList | list[nn.Module] | nn.Module,
         max_seq_len: int,
         num_heads: int,
         head_dim: int,
         norm: nn.Module,
         output: nn.Module,
+        num_layers: int | None = None,
+        output_hidden_states: list[int] | None = None,
         embed_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.tok_embeddings = tok_embeddings
-        self.layers = layers if isinstance(layers, nn.ModuleList) else nn.ModuleList(layers)
+        self.layers = _stack_layers(layers, num_layers)
+        self.output_hidden_states = list(output_hidden_states or [])
         self.norm = norm
         self.output = output
         self.max_seq_len = max_seq_len
@@ -98,6 +115,19 @@ class TransformerDecoder(nn.Module):
         self.head_dim = head_dim
         self.embed_scale = embed_scale
         self.skip_output_layer = False
+        # > 0: forward returns the logits as that many chunks along the sequence (torchtune's convention)
+        self.num_output_chunks = 0
+
+    def set_num_output_chunks(self, num_output_chunks: int) -> None:
+        """Makes ``forward`` return the logits as a list of ``num_output_chunks`` chunks along the sequence.
+
+        This is how torchtune's recipes feed ``CEWithChunkedOutputLoss``; tune's recipes instead let the loss apply
+        the output layer (``skip_output_layer``, see ``LinearCrossEntropyLoss``). 0 returns one tensor again.
+
+        Args:
+            num_output_chunks (int): number of chunks, or 0 for one tensor.
+        """
+        self.num_output_chunks = num_output_chunks
 
     def setup_caches(self, batch_size: int, dtype: torch.dtype, decoder_max_seq_len: int | None = None) -> None:
         """Allocates a KV cache in every layer for generation.
@@ -111,11 +141,13 @@ class TransformerDecoder(nn.Module):
         for layer in self.layers:
             layer.setup_cache(batch_size, dtype, decoder_max_seq_len=capacity)
 
-    def caches_are_enabled(self) -> bool:
-        """Whether KV caches are set up (then every forward appends to them)."""
-        return self.layers[0].caches_are_enabled()
+    def caches_are_setup(self) -> bool:
+        """Whether KV caches are set up."""
+        return self.layers[0].caches_are_setup()
 
-    caches_are_setup = caches_are_enabled
+    def caches_are_enabled(self) -> bool:
+        """Whether KV caches are set up and in use (then every forward appends to them)."""
+        return self.layers[0].caches_are_enabled()
 
     def reset_caches(self) -> None:
         """Empties every KV cache (before generating for a new batch).
@@ -132,6 +164,7 @@ class TransformerDecoder(nn.Module):
         """Removes the KV caches and frees their memory (back to training mode behaviour)."""
         for layer in self.layers:
             layer.attn.kv_cache = None
+            layer.attn.cache_enabled = True
 
     def forward(
         self, tokens: torch.Tensor, *, mask: torch.Tensor | None = None, input_pos: torch.Tensor | None = None
@@ -146,7 +179,9 @@ class TransformerDecoder(nn.Module):
                 for ``0..s-1``.
 
         Returns:
-            torch.Tensor: [b, s, vocab_size] float32 logits, or [b, s, embed_dim] hidden states.
+            torch.Tensor | list[torch.Tensor]: [b, s, vocab_size] float32 logits (a list of sequence chunks after
+            ``set_num_output_chunks``), or [b, s, embed_dim] hidden states; with ``output_hidden_states``, the list
+            ``[*hidden_states, output]``.
 
         Raises:
             ValueError: if ``tokens`` is not 2-D or longer than ``max_seq_len``.
@@ -161,9 +196,30 @@ class TransformerDecoder(nn.Module):
         h = self.tok_embeddings(tokens)
         if self.embed_scale is not None:
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
-        for layer in self.layers:
+        hidden = []
+        for i, layer in enumerate(self.layers):
+            if i in self.output_hidden_states:
+                hidden.append(h)  # the layer's input, as torchtune returns it
             h = layer(h, mask=mask, input_pos=input_pos)
         h = self.norm(h)
         if self.skip_output_layer:
-            return h
-        return self.output(h).float()
+            output = h
+        elif self.num_output_chunks > 0:
+            output = [self.output(chunk).float() for chunk in h.chunk(self.num_output_chunks, dim=1)]
+        else:
+            output = self.output(h).float()
+        return [*hidden, output] if hidden else output
+
+
+def _stack_layers(layers: nn.Module | list[nn.Module], num_layers: int | None) -> nn.ModuleList:
+    """The decoder's layers: the given list, or ``num_layers`` deep copies of one layer."""
+    if isinstance(layers, (nn.ModuleList, list)):
+        if num_layers is not None:
+            raise ValueError(
+                f"num_layers={num_layers} was given with a list of {len(layers)} layers; pass num_layers only "
+                "with a single layer to copy."
+            )
+        return layers if isinstance(layers, nn.ModuleList) else nn.ModuleList(layers)
+    if num_layers is None:
+        raise ValueError("layers is a single module: pass num_layers (how many copies to stack) or a list.")
+    return nn.ModuleList(copy.deepcopy(layers) for _ in range(num_layers))

@@ -10,29 +10,44 @@ from typing import Any
 
 from tune.modules.loss import shift_labels
 from tune.training._activations import (
+    NoOpManager,
     OffloadActivations,
     activation_offloading_supported,
     apply_activation_checkpointing,
+    apply_selective_activation_checkpointing,
+    get_act_offloading_ctx_manager,
+    set_activation_checkpointing,
 )
 from tune.training._compile import compile_loss, compile_model
 from tune.training._distributed import (
     all_reduce_sum,
     errors_on_all_ranks,
     gather_cpu_state_dict,
+    get_distributed_backend,
+    get_full_optimizer_state_dict,
+    get_shard_conditions,
     init_adapters,
     init_distributed,
     is_distributed,
     load_from_full_model_state_dict,
+    load_from_full_optimizer_state_dict,
+    set_torch_num_threads,
     shard_model,
     sync_seed,
+    validate_no_params_on_meta_device,
 )
 from tune.training._finetuning_schedule import FinetuningSchedule, auto_finetuning_phases
 from tune.training._grad import FiniteLossCheck, NonFiniteLossError, check_loss_is_finite, clip_grad_norm
 from tune.training._loss_scaling import num_loss_tokens, scale_grads, step_loss_scale
 from tune.training._memory import (
     OptimizerInBackward,
+    OptimizerInBackwardWrapper,
+    cleanup_before_training,
     configure_cpu_allocator,
+    create_optim_in_bwd_wrapper,
     get_memory_stats,
+    log_memory_stats,
+    register_optim_in_bwd_hooks,
     reset_peak_memory_stats,
 )
 from tune.training._model_converters import (
@@ -46,16 +61,26 @@ from tune.training._model_converters import (
     register_post_optimizer_hooks,
     validate_converter_order,
 )
+from tune.training._model_util import disable_dropout
 from tune.training._parallel import (
     apply_tensor_parallel,
     data_parallel_rank_and_size,
     family_shard_conditions,
     family_tensor_parallel_plan,
     init_device_mesh,
+    prepare_mha_for_tp,
     tensor_parallel_size,
 )
 from tune.training._precision import get_dtype, set_default_dtype, validate_expected_param_dtype
-from tune.training._profiler import DummyProfiler, setup_torch_profiler
+from tune.training._profiler import (
+    DEFAULT_PROFILE_DIR,
+    DEFAULT_PROFILER_ACTIVITIES,
+    DEFAULT_SCHEDULE,
+    DEFAULT_TRACE_OPTS,
+    PROFILER_KEY,
+    DummyProfiler,
+    setup_torch_profiler,
+)
 from tune.training._recipe_state import (
     FINETUNING_SCHEDULE_KEY,
     activation_offloading_context,
@@ -75,14 +100,24 @@ from tune.training.lr_schedulers import (
     get_lr,
 )
 from tune.training.metric_logging import (
+    CometLogger,
     DiskLogger,
     MetricLoggerInterface,
+    MLFlowLogger,
     StdoutLogger,
     TensorBoardLogger,
     WandBLogger,
 )
+from tune.training.pooling import get_unmasked_sequence_lengths
+from tune.training.quantization import get_quantizer_mode
+from tune.utils import get_world_size_and_rank
 
 __all__ = [
+    "CometLogger",
+    "DEFAULT_PROFILER_ACTIVITIES",
+    "DEFAULT_PROFILE_DIR",
+    "DEFAULT_SCHEDULE",
+    "DEFAULT_TRACE_OPTS",
     "DiskLogger",
     "DummyProfiler",
     "FINETUNING_SCHEDULE_KEY",
@@ -92,11 +127,15 @@ __all__ = [
     "Float8TrainingConverter",
     "Int8DynActInt4WeightQATConverter",
     "LoRAConverter",
+    "MLFlowLogger",
     "MetricLoggerInterface",
     "ModelConverter",
+    "NoOpManager",
     "NonFiniteLossError",
     "OffloadActivations",
     "OptimizerInBackward",
+    "OptimizerInBackwardWrapper",
+    "PROFILER_KEY",
     "QATConverter",
     "StdoutLogger",
     "TensorBoardLogger",
@@ -107,40 +146,57 @@ __all__ = [
     "all_reduce_sum",
     "apply_activation_checkpointing",
     "apply_model_converters",
+    "apply_selective_activation_checkpointing",
     "apply_tensor_parallel",
     "auto_finetuning_phases",
     "check_loss_is_finite",
+    "cleanup_before_training",
     "clip_grad_norm",
     "compile_loss",
     "compile_model",
     "configure_cpu_allocator",
     "count_tokens",
+    "create_optim_in_bwd_wrapper",
     "data_parallel_rank_and_size",
+    "disable_dropout",
     "errors_on_all_ranks",
     "family_shard_conditions",
     "family_tensor_parallel_plan",
     "gather_cpu_state_dict",
+    "get_act_offloading_ctx_manager",
     "get_constant_schedule_with_warmup",
     "get_cosine_schedule_with_warmup",
+    "get_distributed_backend",
     "get_dtype",
+    "get_full_optimizer_state_dict",
     "get_linear_schedule_with_warmup",
     "get_lr",
     "get_memory_stats",
     "get_progress_bar",
+    "get_quantizer_mode",
+    "get_shard_conditions",
+    "get_unmasked_sequence_lengths",
+    "get_world_size_and_rank",
     "init_adapters",
     "init_device_mesh",
     "init_distributed",
     "is_distributed",
     "load_from_full_model_state_dict",
+    "load_from_full_optimizer_state_dict",
+    "log_memory_stats",
     "num_loss_tokens",
     "prepare_loss",
+    "prepare_mha_for_tp",
     "progress_state",
+    "register_optim_in_bwd_hooks",
     "register_post_optimizer_hooks",
     "reset_peak_memory_stats",
     "restore_progress",
     "scale_grads",
+    "set_activation_checkpointing",
     "set_default_dtype",
     "set_seed",
+    "set_torch_num_threads",
     "setup_torch_profiler",
     "shard_model",
     "shift_labels",
@@ -151,6 +207,7 @@ __all__ = [
     "tensor_parallel_size",
     "validate_converter_order",
     "validate_expected_param_dtype",
+    "validate_no_params_on_meta_device",
     "validation_loss",
 ]
 

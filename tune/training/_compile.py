@@ -6,9 +6,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from tune.utils import get_logger
+from tune.utils import get_logger, log_rank_zero
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 
 def _is_layer(name: str) -> bool:
@@ -18,6 +18,7 @@ def _is_layer(name: str) -> bool:
 
 def compile_model(
     model: nn.Module,
+    verbose: bool = True,
     layer_condition: Callable[[str, nn.Module], bool] | None = None,
     backend: str | None = None,
     **compile_kwargs: Any,
@@ -30,6 +31,7 @@ def compile_model(
 
     Args:
         model (nn.Module): the model.
+        verbose (bool): log (on rank 0) what is compiled. Default True.
         layer_condition (Callable[[str, nn.Module], bool] | None): which submodules to compile; default: each
             element of every ``layers`` ModuleList.
         backend (str | None): ``torch.compile`` backend; ``None`` uses the ``TORCH_COMPILE_BACKEND`` environment
@@ -45,12 +47,16 @@ def compile_model(
     if not layers:
         log.info(f"compile_model: no layer matched, compiling the whole {type(model).__name__} instead.")
         layers = [model]
+    if verbose:
+        log_rank_zero(
+            log, f"Compiling {len(layers)} module(s) of {type(model).__name__} with torch.compile ({backend})."
+        )
     for layer in layers:
         layer.compile(backend=backend, **compile_kwargs)
     return len(layers)
 
 
-def compile_loss(loss: nn.Module, backend: str | None = None, **compile_kwargs: Any) -> nn.Module:
+def compile_loss(loss: nn.Module, verbose: bool = True, backend: str | None = None, **compile_kwargs: Any) -> nn.Module:
     """Compiles a loss in place and returns it.
 
     For ``tune.modules.loss`` chunked losses only the per-chunk computation is compiled: the chunk loop has a
@@ -59,6 +65,7 @@ def compile_loss(loss: nn.Module, backend: str | None = None, **compile_kwargs: 
 
     Args:
         loss (nn.Module): the loss module.
+        verbose (bool): log (on rank 0) that the loss is compiled. Default True.
         backend (str | None): ``torch.compile`` backend; ``None`` as in :func:`compile_model`.
         **compile_kwargs: passed to ``torch.compile``.
 
@@ -66,6 +73,8 @@ def compile_loss(loss: nn.Module, backend: str | None = None, **compile_kwargs: 
         nn.Module: the same loss object.
     """
     backend = backend or _default_backend()
+    if verbose:
+        log_rank_zero(log, f"Compiling the loss {type(loss).__name__} with torch.compile ({backend}).")
     if hasattr(loss, "_chunk_loss"):
         loss._chunk_loss = torch.compile(loss._chunk_loss, backend=backend, **compile_kwargs)
     else:

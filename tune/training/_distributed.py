@@ -15,18 +15,33 @@ import random
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from tune.modules.peft import DoRALinear, LoRALinear, check_nf4_shardable, dequantize, is_nf4_tensor, to_nf4
+from tune.modules.peft import (
+    DoRALinear,
+    LoRALinear,
+    check_nf4_shardable,
+    dequantize,
+    is_adapter_key,
+    is_nf4_tensor,
+    to_nf4,
+)
 from tune.utils import TuneError, get_logger, get_rank
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 ShardCondition = Callable[[str, nn.Module], bool]
+
+
+class LoadResult(NamedTuple):
+    """What :func:`load_from_full_model_state_dict` did not load, with ``load_state_dict``'s field names."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
 
 
 def is_distributed() -> bool:
@@ -51,7 +66,7 @@ def _resolve_backend(backend: str | None) -> str:
     return backend
 
 
-def init_distributed(backend: str | None = None, timeout_seconds: float | None = None) -> bool:
+def init_distributed(backend: str | None = None, timeout_seconds: float | None = None, **kwargs: Any) -> bool:
     """Initialises the default process group from torchrun's environment (``tune run --nproc_per_node N``).
 
     Outside torchrun (no ``RANK``/``WORLD_SIZE`` in the environment) it starts a one-process group on a free
@@ -63,6 +78,7 @@ def init_distributed(backend: str | None = None, timeout_seconds: float | None =
         backend (str | None): ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``...; ``None`` picks nccl when CUDA
             is available, else gloo.
         timeout_seconds (float | None): collective timeout; ``None`` keeps PyTorch's default.
+        **kwargs: passed to ``torch.distributed.init_process_group`` (torchtune's form, e.g. ``timeout=``).
 
     Returns:
         bool: True if this call initialised the group, False if one was already initialised.
@@ -73,7 +89,7 @@ def init_distributed(backend: str | None = None, timeout_seconds: float | None =
     backend = _resolve_backend(backend)
     if is_distributed():
         return False
-    kwargs: dict[str, Any] = {"backend": backend}
+    kwargs = {**kwargs, "backend": backend}
     if timeout_seconds is not None:
         kwargs["timeout"] = timedelta(seconds=timeout_seconds)
     if "nccl" in backend:
@@ -248,9 +264,9 @@ def shard_model(
     *,
     cpu_offload: bool = False,
     reshard_after_forward: bool = True,
+    dp_mesh: Any = None,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = torch.float32,
-    mesh: Any = None,
 ) -> nn.Module:
     """Shards ``model`` in place with FSDP2: one ``fully_shard`` unit per matching submodule, then the root.
 
@@ -264,10 +280,10 @@ def shard_model(
         reshard_after_forward (bool): free each layer's gathered parameters after its forward (less memory,
             one more all-gather in backward). The root unit (embeddings, final norm, output) always stays
             gathered until backward, because the chunked loss uses ``model.output`` after forward.
+        dp_mesh (DeviceMesh | None): data-parallel mesh; default: all ranks of the default group.
         param_dtype (torch.dtype | None): dtype of the gathered parameters for compute (mixed precision);
             ``None`` computes in the parameters' own dtype.
         reduce_dtype (torch.dtype | None): dtype of the gradient reduce-scatter.
-        mesh (DeviceMesh | None): data-parallel mesh; default: all ranks of the default group.
 
     Returns:
         nn.Module: the same model, now sharded.
@@ -282,12 +298,12 @@ def shard_model(
     if not is_distributed():
         raise ValueError("shard_model needs a process group: call tune.training.init_distributed() first.")
     # FSDP splits parameters over the mesh's last dimension (the only one for FSDP, the shard one for HSDP)
-    num_shards = dist.get_world_size() if mesh is None else mesh.size(mesh.ndim - 1)
+    num_shards = dist.get_world_size() if dp_mesh is None else dp_mesh.size(dp_mesh.ndim - 1)
     for name, param in model.named_parameters():
         if is_nf4_tensor(param):  # before fully_shard, where torchao would fail with a bare AssertionError
             check_nf4_shardable(name, param, num_shards)
     conditions = [_as_condition(rule) for rule in shard_conditions] if shard_conditions is not None else [_is_layer]
-    fsdp_kwargs: dict[str, Any] = {"reshard_after_forward": reshard_after_forward, "mesh": mesh}
+    fsdp_kwargs: dict[str, Any] = {"reshard_after_forward": reshard_after_forward, "mesh": dp_mesh}
     fsdp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if cpu_offload:
         # pinned host memory needs CUDA; on a CPU-only run offloading moves nothing anyway
@@ -309,11 +325,11 @@ def shard_model(
 
 def load_from_full_model_state_dict(
     model: nn.Module,
-    full_state_dict: Mapping[str, torch.Tensor],
+    full_sd: Mapping[str, torch.Tensor],
     device: torch.device | str | None = None,
-    strict: bool = True,
+    strict: bool = False,
     cpu_offload: bool = False,
-) -> None:
+) -> LoadResult:
     """Loads a full (unsharded) state dict into a sharded model; each rank keeps only its own shards.
 
     Every rank passes the same full state dict (typically memory-mapped safetensors, so nothing is duplicated
@@ -330,12 +346,17 @@ def load_from_full_model_state_dict(
 
     Args:
         model (nn.Module): the sharded model (its parameters are DTensors).
-        full_state_dict (Mapping[str, torch.Tensor]): full tensors keyed like ``model.state_dict()``.
+        full_sd (Mapping[str, torch.Tensor]): full tensors keyed like ``model.state_dict()``.
         device (torch.device | str | None): the compute device, where shards and buffers live; default: the device
             of the current process (``cuda:LOCAL_RANK`` under NCCL, else CPU).
-        strict (bool): require the keys to match exactly.
+        strict (bool): require the keys to match exactly. Default False, as in torchtune (tune's recipes pass
+            True when they load a whole model).
         cpu_offload (bool): the model was sharded with ``cpu_offload=True``: shards stay in CPU memory (buffers,
             which FSDP does not move, still go to ``device``).
+
+    Returns:
+        LoadResult: the model keys the checkpoint lacks (``missing_keys``) and the checkpoint keys the model lacks
+        (``unexpected_keys``), like ``nn.Module.load_state_dict``.
 
     Raises:
         ValueError: for missing or unexpected keys (when ``strict``), a shape mismatch, or parameters left on
@@ -345,6 +366,7 @@ def load_from_full_model_state_dict(
 
     compute_device = torch.device(device) if device is not None else _default_device()
     shard_device = torch.device("cpu") if cpu_offload else compute_device
+    full_state_dict = full_sd
     current = model.state_dict()
     _check_keys(current.keys(), full_state_dict.keys(), strict)
     sharded: dict[str, torch.Tensor] = {}
@@ -382,6 +404,10 @@ def load_from_full_model_state_dict(
             f"{'...' if len(still_meta) > 5 else ''}. Initialise them before shard_model (same seed on every rank: "
             "`module.to_empty(device='cpu'); module.reset_parameters()`), or load a checkpoint that has them."
         )
+    return LoadResult(
+        missing_keys=sorted(set(current) - set(full_state_dict)),
+        unexpected_keys=sorted(set(full_state_dict) - set(current)),
+    )
 
 
 def _shard_nf4(key: str, full: torch.Tensor, target: Any) -> torch.Tensor:
@@ -440,7 +466,11 @@ def _materialise_meta_buffers(model: nn.Module, device: torch.device) -> None:
 
 
 def gather_cpu_state_dict(
-    model: nn.Module, rank0_only: bool = True, key_filter: Callable[[str], bool] | None = None
+    model: nn.Module,
+    is_rank_zero: bool | None = None,
+    device: torch.device | str | None = None,
+    adapter_weights_only: bool = False,
+    key_filter: Callable[[str], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Full, unsharded copy of the model's state dict on CPU, for saving.
 
@@ -451,22 +481,29 @@ def gather_cpu_state_dict(
 
     Args:
         model (nn.Module): a model sharded with :func:`shard_model` (unsharded tensors are copied as they are).
-        rank0_only (bool): only rank 0 keeps the result; other ranks get ``{}``.
-        key_filter (Callable[[str], bool] | None): gather only the entries whose key it accepts (e.g.
-            ``tune.modules.peft.is_adapter_key`` to save a LoRA adapter without gathering the base model);
-            ``None`` gathers everything. Every rank must pass the same filter.
+        is_rank_zero (bool | None): whether this process keeps the result; a process passing False gets ``{}``
+            (torchtune's recipes pass ``rank == 0``; pass True on every rank to keep it everywhere). Default None:
+            only rank 0 keeps it.
+        device (torch.device | str | None): where a shard is moved before gathering, for CPU-offloaded models
+            whose collectives run on the GPU (``cuda`` under NCCL). Default None: gather where the shard is.
+        adapter_weights_only (bool): gather only LoRA/DoRA adapter entries (``tune.modules.peft.is_adapter_key``),
+            to save an adapter without gathering the base model. Default False.
+        key_filter (Callable[[str], bool] | None): gather only the entries whose key it accepts; ``None`` gathers
+            everything (within ``adapter_weights_only``). Every rank must pass the same filter.
 
     Returns:
         dict[str, torch.Tensor]: full CPU tensors keyed like ``model.state_dict()``.
     """
     from torch.distributed.tensor import DTensor
 
-    keep = not rank0_only or get_rank() == 0
+    keep = get_rank() == 0 if is_rank_zero is None else is_rank_zero
     gathered: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
-        if key_filter is not None and not key_filter(key):
+        if (key_filter is not None and not key_filter(key)) or (adapter_weights_only and not is_adapter_key(key)):
             continue
         if isinstance(value, DTensor):
+            if device is not None:
+                value = value.to(device)
             local = value.to_local()
             if is_nf4_tensor(local):  # QLoRA base weight: gather its dequantised shards
                 value = DTensor.from_local(
@@ -478,3 +515,108 @@ def gather_cpu_state_dict(
         if keep:
             gathered[key] = value.detach().to("cpu", copy=True)
     return gathered
+
+
+def get_distributed_backend(device_type: str, offload_ops_to_cpu: bool = False) -> str:
+    """The ``torch.distributed`` backend for ``device_type`` (``"gloo"`` for cpu, ``"nccl"`` for cuda, ...).
+
+    Args:
+        device_type (str): ``"cpu"``, ``"cuda"``, ``"xpu"``, ...; a type torch does not map gets ``"nccl"``.
+        offload_ops_to_cpu (bool): also give CPU tensors a backend (``"cuda:nccl,cpu:gloo"``), for FSDP CPU
+            offload or asynchronous DCP saves. Default False.
+
+    Returns:
+        str: a backend string for :func:`init_distributed` or ``init_process_group``.
+    """
+    backend = dist.Backend.default_device_backend_map.get(device_type, "nccl")
+    if offload_ops_to_cpu:
+        return f"{device_type}:{backend},cpu:gloo"
+    return backend
+
+
+def get_shard_conditions(
+    name: str, module: nn.Module, names_to_match: list[str] | None = None, *args: Any, **kwargs: Any
+) -> bool:
+    """torchtune's default FSDP rule: a module named ``...layers.<i>``, or one whose name is in ``names_to_match``.
+
+    Pass it, or ``functools.partial(get_shard_conditions, names_to_match=[...])``, in ``shard_conditions`` of
+    :func:`shard_model`.
+
+    Args:
+        name (str): the module's fully qualified name.
+        module (nn.Module): the module (unused: the rule looks at names).
+        names_to_match (list[str] | None): further names that become their own FSDP unit (e.g. ``["tok_embeddings"]``).
+        *args: ignored.
+        **kwargs: ignored.
+
+    Returns:
+        bool: whether the module gets its own FSDP unit.
+    """
+    return bool(names_to_match and name in names_to_match) or _is_layer(name, module)
+
+
+def validate_no_params_on_meta_device(model: nn.Module) -> None:
+    """Checks that no parameter or buffer of ``model`` is still on the meta device.
+
+    Raises:
+        RuntimeError: naming the first parameter or buffer left on meta.
+    """
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta:
+            raise RuntimeError(
+                f"{name} is still on the meta device: load a checkpoint that has it or initialise it "
+                "(`module.to_empty(device=...)` then `reset_parameters()`) before training."
+            )
+
+
+def set_torch_num_threads() -> None:
+    """Sets torch's intra-op threads to the CPU count divided by the number of local GPUs (one process per GPU),
+    so the processes of a node do not oversubscribe its cores."""
+    num_threads = max(1, (os.cpu_count() or 1) // max(1, torch.cuda.device_count()))
+    torch.set_num_threads(num_threads)
+    log.info(f"torch intra-op threads: {num_threads}")
+
+
+def get_full_optimizer_state_dict(
+    model: nn.Module, opt: torch.optim.Optimizer, is_rank_zero: bool, device: torch.device | None = None
+) -> dict[str, Any]:
+    """The optimizer state of a sharded model, gathered into full CPU tensors keyed by parameter name.
+
+    A collective: every rank must call it.
+
+    Args:
+        model (nn.Module): the model sharded with :func:`shard_model`.
+        opt (torch.optim.Optimizer): its optimizer.
+        is_rank_zero (bool): whether this process keeps the result; the others get ``{}``.
+        device (torch.device | None): unused; the result is on CPU. Default None.
+
+    Returns:
+        dict[str, Any]: ``{"state": ..., "param_groups": ...}`` in ``torch.distributed.checkpoint``'s
+        full-state-dict form, or ``{}``.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_optimizer_state_dict(model, opt, options=options)
+    return full if is_rank_zero else {}
+
+
+def load_from_full_optimizer_state_dict(
+    model: nn.Module, opt: torch.optim.Optimizer, full_sd: dict[str, Any], device: torch.device
+) -> None:
+    """Loads a full optimizer state (from :func:`get_full_optimizer_state_dict`) into a sharded model's optimizer.
+
+    A collective: every rank must call it; rank 0's ``full_sd`` is broadcast, so the other ranks may pass ``{}``.
+
+    Args:
+        model (nn.Module): the model sharded with :func:`shard_model`.
+        opt (torch.optim.Optimizer): its optimizer.
+        full_sd (dict[str, Any]): the full optimizer state.
+        device (torch.device): the training device (a CPU device keeps the loaded state on CPU).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True, cpu_offload=torch.device(device).type == "cpu"
+    )
+    set_optimizer_state_dict(model, opt, optim_state_dict=full_sd, options=options)

@@ -34,7 +34,7 @@ from torch import nn
 
 from tune.utils import get_logger
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 _TRANSITIONS = ("after_steps", "after_epochs", "on_plateau")
 _PHASE_KEYS = ("params", "lr", "transition")

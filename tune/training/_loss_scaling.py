@@ -58,16 +58,16 @@ def step_loss_scale(num_tokens: torch.Tensor | int, world_size: int | None = Non
 
 
 @torch.no_grad()
-def scale_grads(model_or_params: nn.Module | Iterable[torch.Tensor], scale: torch.Tensor | float) -> None:
-    """Multiplies every existing ``.grad`` in place by ``scale`` (sharded DTensor gradients included).
+def scale_grads(model: nn.Module | Iterable[torch.Tensor], scaler: torch.Tensor | float) -> None:
+    """Multiplies every existing ``.grad`` in place by ``scaler`` (sharded DTensor gradients included).
 
     Args:
-        model_or_params (nn.Module | Iterable[torch.Tensor]): a model, or its parameters.
-        scale (torch.Tensor | float): the factor, e.g. from :func:`step_loss_scale`.
+        model (nn.Module | Iterable[torch.Tensor]): a model, or its parameters.
+        scaler (torch.Tensor | float): the factor, e.g. from :func:`step_loss_scale`.
     """
-    params = model_or_params.parameters() if isinstance(model_or_params, nn.Module) else model_or_params
+    params = model.parameters() if isinstance(model, nn.Module) else model
     for param in params:
         if param.grad is None:
             continue
-        factor = scale.to(param.grad.device) if torch.is_tensor(scale) else scale
+        factor = scaler.to(param.grad.device) if torch.is_tensor(scaler) else scaler
         param.grad.mul_(factor)

@@ -2,6 +2,7 @@
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import platform
 import resource
@@ -12,6 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from tune.utils import get_logger, log_rank_zero
+
+_log = get_logger(name=__name__)
 
 _GIB = 1024**3
 
@@ -76,17 +82,20 @@ def configure_cpu_allocator() -> bool:
     return mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1
 
 
-def get_memory_stats(device: torch.device | str) -> dict[str, float]:
+def get_memory_stats(device: torch.device | str, reset_stats: bool = True) -> dict[str, float]:
     """Peak memory of this process on ``device``, in GiB.
 
     On CUDA: ``peak_memory_active`` (peak bytes held by live tensors), ``peak_memory_alloc``
     (``max_memory_allocated``) and ``peak_memory_reserved`` (``max_memory_reserved``, what the caching allocator
-    took from the driver), since the last :func:`reset_peak_memory_stats`. On CPU: ``peak_memory_rss`` (peak
-    resident set size of the process since the last reset, or since it started) and ``memory_rss`` (now).
-    Reading CUDA statistics does not synchronise the device.
+    took from the driver), since the last reset. On CPU: ``peak_memory_rss`` (peak resident set size of the
+    process since the last reset, or since it started) and ``memory_rss`` (now). Reading CUDA statistics does
+    not synchronise the device.
 
     Args:
         device (torch.device | str): the training device.
+        reset_stats (bool): after reading, start a new peak window (:func:`reset_peak_memory_stats`), so the next
+            call reports the peak since this one, as in torchtune. Default True; pass False for the peak of the
+            whole run.
 
     Returns:
         dict[str, float]: the statistics.
@@ -97,15 +106,41 @@ def get_memory_stats(device: torch.device | str) -> dict[str, float]:
     device = torch.device(device)
     if device.type == "cuda":
         stats = torch.cuda.memory_stats(device)
-        return {
+        result = {
             "peak_memory_active": stats.get("active_bytes.all.peak", 0) / _GIB,
             "peak_memory_alloc": torch.cuda.max_memory_allocated(device) / _GIB,
             "peak_memory_reserved": torch.cuda.max_memory_reserved(device) / _GIB,
         }
-    if device.type in ("cpu", "mps"):
+    elif device.type in ("cpu", "mps"):
         current, peak = _cpu_memory()
-        return {"peak_memory_rss": peak / _GIB, "memory_rss": current / _GIB}
-    raise ValueError(f"No memory statistics for device type {device.type!r}; use a cpu, cuda or mps device.")
+        result = {"peak_memory_rss": peak / _GIB, "memory_rss": current / _GIB}
+    else:
+        raise ValueError(f"No memory statistics for device type {device.type!r}; use a cpu, cuda or mps device.")
+    if reset_stats:
+        reset_peak_memory_stats(device)
+    return result
+
+
+def log_memory_stats(stats: Mapping[str, float], message: str = "Memory stats after model init:") -> None:
+    """Logs the statistics of :func:`get_memory_stats` (in GiB) on rank 0, one per line after ``message``.
+
+    Args:
+        stats (Mapping[str, float]): what :func:`get_memory_stats` returned.
+        message (str): the first line. Default ``"Memory stats after model init:"``.
+    """
+    lines = "".join(f"\n\t{name.replace('_', ' ')}: {value:.2f} GiB" for name, value in stats.items())
+    log_rank_zero(_log, f"{message}{lines}")
+
+
+def cleanup_before_training() -> None:
+    """Frees what model building left behind before the first step: runs the garbage collector, returns cached
+    accelerator memory to the driver and starts a new peak-memory window."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        reset_peak_memory_stats("cpu")
 
 
 def reset_peak_memory_stats(device: torch.device | str) -> bool:
@@ -252,3 +287,118 @@ class OptimizerInBackward(Optimizer):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+class OptimizerInBackwardWrapper:
+    """torchtune's handle on optimizers that step inside backward (one optimizer per parameter, see
+    :func:`register_optim_in_bwd_hooks`): checkpointing by parameter name and an LR scheduler for all of them.
+
+    tune's recipes use :class:`OptimizerInBackward` instead, a real ``Optimizer`` that needs none of this; the
+    wrapper is for loops written against torchtune. Single-device only.
+
+    Args:
+        optim_map (dict[str, Optimizer]): parameter name -> the optimizer of that parameter.
+    """
+
+    def __init__(self, optim_map: dict[str, Optimizer]) -> None:
+        self.optim_map = optim_map
+        self.lr_scheduler: LRScheduler | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each parameter's optimizer state, keyed by parameter name."""
+        return {name: opt.state_dict() for name, opt in self.optim_map.items()}
+
+    def load_state_dict(self, optim_ckpt_map: Mapping[str, Any]) -> None:
+        """Restores states saved by :meth:`state_dict`.
+
+        Args:
+            optim_ckpt_map (Mapping[str, Any]): parameter name -> optimizer state dict.
+
+        Raises:
+            RuntimeError: if a name is not one of this wrapper's parameters, or a parameter has no state.
+        """
+        unexpected = sorted(set(optim_ckpt_map) - set(self.optim_map))
+        missing = sorted(set(self.optim_map) - set(optim_ckpt_map))
+        if unexpected or missing:
+            raise RuntimeError(
+                f"Optimizer state does not match the parameters: unexpected {unexpected[:5]}, missing {missing[:5]}."
+            )
+        for name, opt in self.optim_map.items():
+            opt.load_state_dict(optim_ckpt_map[name])
+
+    def get_optim_key(self, key: str) -> Any:
+        """The hyperparameter ``key`` (``"lr"``, ...) of the first parameter group of the first optimizer; all
+        optimizers are assumed to share it."""
+        return next(iter(self.optim_map.values())).param_groups[0][key]
+
+    def set_lr_scheduler(self, lr_scheduler: LRScheduler) -> None:
+        """Makes ``lr_scheduler.step()`` also copy the new learning rate into every per-parameter optimizer.
+
+        Args:
+            lr_scheduler (LRScheduler): a scheduler built on any one of the optimizers (or a stand-in one).
+        """
+        self.lr_scheduler = lr_scheduler
+        scheduler_step = lr_scheduler.step
+
+        def step_all(epoch: int | None = None) -> None:
+            scheduler_step() if epoch is None else scheduler_step(epoch)
+            lr = lr_scheduler.get_last_lr()[0]
+            for opt in self.optim_map.values():
+                for group in opt.param_groups:
+                    group["lr"] = lr
+
+        lr_scheduler.step = step_all
+
+    def step_lr_scheduler(self, epoch: int | None = None) -> None:
+        """Steps the scheduler set with :meth:`set_lr_scheduler`.
+
+        Raises:
+            RuntimeError: if no scheduler was set.
+        """
+        self._scheduler().step(epoch)
+
+    def get_last_lr(self) -> float:
+        """The scheduler's current learning rate.
+
+        Raises:
+            RuntimeError: if no scheduler was set.
+        """
+        return self._scheduler().get_last_lr()[0]
+
+    def _scheduler(self) -> LRScheduler:
+        if self.lr_scheduler is None:
+            raise RuntimeError("No LR scheduler on this OptimizerInBackwardWrapper: call set_lr_scheduler first.")
+        return self.lr_scheduler
+
+
+def create_optim_in_bwd_wrapper(
+    model: nn.Module, optim_dict: Mapping[nn.Parameter, Optimizer]
+) -> OptimizerInBackwardWrapper:
+    """Names the per-parameter optimizers of ``optim_dict`` by ``model``'s parameter names.
+
+    Args:
+        model (nn.Module): the model whose parameters ``optim_dict`` covers.
+        optim_dict (Mapping[nn.Parameter, Optimizer]): parameter -> its optimizer.
+
+    Returns:
+        OptimizerInBackwardWrapper: the wrapper, for checkpointing and the LR schedule.
+    """
+    return OptimizerInBackwardWrapper({name: optim_dict[p] for name, p in model.named_parameters() if p in optim_dict})
+
+
+def register_optim_in_bwd_hooks(model: nn.Module, optim_dict: Mapping[nn.Parameter, Optimizer]) -> None:
+    """Makes each trainable parameter's optimizer step, and free the gradient, as soon as backward has
+    accumulated that gradient.
+
+    Args:
+        model (nn.Module): the model; every parameter that requires grad gets a hook.
+        optim_dict (Mapping[nn.Parameter, Optimizer]): parameter -> its optimizer (one per parameter).
+    """
+
+    def step_and_free(param: torch.Tensor) -> None:
+        optim_dict[param].step()
+        optim_dict[param].zero_grad()
+
+    for param in model.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(step_and_free)

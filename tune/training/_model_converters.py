@@ -38,7 +38,7 @@ from torch import nn
 from tune.modules.peft import DoRALinear, LoRALinear, apply_lora, is_nf4_tensor
 from tune.utils import get_logger, import_optional
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 # float8 matmuls (torch._scaled_mm) need Ada (sm89) or newer.
 _FLOAT8_MIN_CAPABILITY = (8, 9)

@@ -17,7 +17,7 @@ from tune.modules import MultiHeadAttention
 from tune.modules.peft import DoRALinear, LoRALinear
 from tune.utils import get_logger
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 DP_SHARD, TP = "dp_shard", "tp"
 
@@ -217,3 +217,31 @@ def family_shard_conditions(model: nn.Module, model_type: str | None) -> list[An
         units = {id(module) for module in family.fsdp_shard_modules(model)}
         return [lambda name, module: id(module) in units]
     return [TransformerSelfAttentionLayer]
+
+
+def prepare_mha_for_tp(model: nn.Module, tp_mesh: Any) -> nn.Module:
+    """Gives every attention module its per-rank sizes for tensor parallelism (``num_heads``, ``num_kv_heads`` and
+    ``embed_dim`` divided by the tp size), in place, as torchtune does before ``parallelize_module``.
+
+    :func:`apply_tensor_parallel` does this itself; call this one only when applying a plan with
+    ``parallelize_module`` directly, never both.
+
+    Args:
+        model (nn.Module): the decoder (or a model holding it as ``decoder``).
+        tp_mesh (DeviceMesh): the tensor-parallel mesh.
+
+    Returns:
+        nn.Module: the same model.
+
+    Raises:
+        ValueError: if the tp size does not divide the head counts or the embedding dimension.
+    """
+    tp_size = tp_mesh.size()
+    decoder = getattr(model, "decoder", model)
+    for _, module in _check_heads(decoder, tp_size):
+        if module.embed_dim % tp_size:
+            raise ValueError(f"tensor parallel size {tp_size} must divide embed_dim={module.embed_dim}.")
+        module.num_heads //= tp_size
+        module.num_kv_heads //= tp_size
+        module.embed_dim //= tp_size
+    return model

@@ -32,17 +32,28 @@ def set_default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def validate_expected_param_dtype(named_params: Iterable[tuple[str, nn.Parameter]], dtype: torch.dtype) -> None:
+def validate_expected_param_dtype(
+    named_params: Iterable[tuple[str, nn.Parameter]],
+    dtype: torch.dtype,
+    exclude_param_names: list[str] | None = None,
+) -> None:
     """Checks that every parameter has ``dtype``.
 
     Args:
         named_params (Iterable[tuple[str, nn.Parameter]]): e.g. ``model.named_parameters()``.
         dtype (torch.dtype): the expected dtype.
+        exclude_param_names (list[str] | None): parameters whose name contains any of these strings are not
+            checked (e.g. ``["scales"]`` for quantisation scales kept in fp32). Default None: check all.
 
     Raises:
         ValueError: naming the first parameters with another dtype.
     """
-    wrong = [f"{name} ({param.dtype})" for name, param in named_params if param.dtype != dtype]
+    excluded = exclude_param_names or []
+    wrong = [
+        f"{name} ({param.dtype})"
+        for name, param in named_params
+        if param.dtype != dtype and not any(part in name for part in excluded)
+    ]
     if wrong:
         raise ValueError(
             f"Expected every parameter in {dtype}, but {len(wrong)} are not: {', '.join(wrong[:5])}"

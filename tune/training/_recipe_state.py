@@ -31,7 +31,7 @@ from tune.training.checkpointing import (
 )
 from tune.utils import TuneError, get_logger, log_rank_zero
 
-log = get_logger("tune.training")
+log = get_logger(name="tune.training")
 
 FINETUNING_SCHEDULE_KEY = "finetuning_schedule"
 
@@ -193,22 +193,30 @@ def restore_progress(
     return state[EPOCHS_KEY], state[STEPS_KEY], run_seed
 
 
-def prepare_loss(loss_fn: nn.Module, model: nn.Module, *, compile: bool = False) -> nn.Module:
+def prepare_loss(loss_fn: nn.Module, model: nn.Module, *, compile: bool = False, reduction: str = "sum") -> nn.Module:
     """Fits the configured loss to the model's output, the same way in every recipe.
 
+    tune's cross-entropy losses average over tokens by default (torchtune's meaning); the recipes normalise by
+    the token count of the whole step, so this asks them for ``reduction`` (the sum by default). A configured
     ``CEWithChunkedOutputLoss`` (the name torchtune's configs use) becomes :class:`LinearCrossEntropyLoss` when
-    the model can skip its output projection: the same sum of token losses, but the projection runs inside the
-    loss one chunk at a time, so full ``[tokens, vocab]`` logits never exist. A loss with ``set_model_output``
-    then takes over the model's output layer. With ``compile`` the loss is compiled.
+    the model can skip its output projection: the same value, but the projection runs inside the loss one chunk
+    at a time, so full ``[tokens, vocab]`` logits never exist. A loss with ``set_model_output`` then takes over the
+    model's output layer. With ``compile`` the loss is compiled.
 
     Args:
         loss_fn (nn.Module): the loss as configured.
         model (nn.Module): the model it scores.
         compile (bool): compile the loss (``tune.training.compile_loss``).
+        reduction (str): ``"sum"`` (what the recipes' step normalisation expects) or ``"mean"``; set on tune's
+            cross-entropy losses, other losses are left as configured.
 
     Returns:
         nn.Module: the loss to call as ``loss_fn(model_outputs, labels)``.
     """
+    if isinstance(loss_fn, (CEWithChunkedOutputLoss, LinearCrossEntropyLoss)):
+        if reduction not in ("sum", "mean"):
+            raise ValueError(f"reduction must be 'sum' or 'mean'; received {reduction!r}.")
+        loss_fn.reduction = reduction
     if isinstance(loss_fn, CEWithChunkedOutputLoss) and hasattr(model, "skip_output_layer"):
         loss_fn = LinearCrossEntropyLoss(loss_fn.num_output_chunks, loss_fn.ignore_index, loss_fn.reduction)
         log.info("loss: CEWithChunkedOutputLoss runs as LinearCrossEntropyLoss (same values, no full logits).")
@@ -297,5 +305,5 @@ def step_metrics(
     for more in extra:
         metrics.update({k: v.item() if torch.is_tensor(v) else v for k, v in more.items()})
     if memory_device is not None:
-        metrics.update(get_memory_stats(memory_device))
+        metrics.update(get_memory_stats(memory_device, reset_stats=False))
     return metrics

@@ -8,7 +8,7 @@ import torch
 
 from tune.utils import get_logger
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 _MAX_SEED = 2**32 - 1  # numpy's limit
 _DEBUG_MODES = (None, "default", "warn", "error")

@@ -1,4 +1,4 @@
-"""Metric loggers with one interface: stdout, JSONL on disk, TensorBoard, Weights & Biases.
+"""Metric loggers with one interface: stdout, JSONL on disk, TensorBoard, Weights & Biases, Comet, MLflow.
 
 Every logger writes on rank 0 only; on other ranks each method is a no-op, so a distributed recipe calls them
 unconditionally. Values may be Python numbers or 0-d tensors (read with ``.item()``: call at logging steps only,
@@ -23,15 +23,19 @@ import torch
 from tune.utils import TuneError, get_logger, get_rank, import_optional
 
 __all__ = [
+    "CometLogger",
     "DiskLogger",
+    "MLFlowLogger",
     "MetricLoggerError",
     "MetricLoggerInterface",
     "StdoutLogger",
     "TensorBoardLogger",
     "WandBLogger",
+    "flatten_dict",
+    "save_config",
 ]
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 Scalar = int | float | torch.Tensor
 
@@ -383,3 +387,211 @@ class WandBLogger:
         if self._run is not None:
             self._run.finish()
             self._run = None
+
+
+def flatten_dict(d: Mapping[str, Any], *, sep: str = ".", parent_key: str = "") -> dict[str, Any]:
+    """Nested mappings as one level, keys joined with ``sep``: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``.
+
+    Mappings inside lists are left as they are.
+
+    Args:
+        d (Mapping[str, Any]): the nested mapping.
+        sep (str): the separator between a parent key and a child key. Default ``"."``.
+        parent_key (str): a prefix for every key. Default ``""``.
+
+    Returns:
+        dict[str, Any]: the flat dict.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in d.items():
+        full_key = f"{parent_key}{sep}{key}" if parent_key else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten_dict(value, sep=sep, parent_key=full_key))
+        else:
+            flat[full_key] = value
+    return flat
+
+
+def save_config(config: Mapping[str, Any]) -> Path | None:
+    """Writes the resolved config as ``config.yaml`` in its own ``output_dir`` (created if needed).
+
+    Used by loggers that upload the config file; a failure is logged as a warning, not raised, so logging
+    never stops a run.
+
+    Args:
+        config (Mapping[str, Any]): the config (a dict or a ``DictConfig``) with an ``output_dir`` key.
+
+    Returns:
+        Path | None: the file written, or None when it could not be written.
+    """
+    from tune.training.checkpointing._state import save_config as write_config
+
+    try:
+        output_dir = Path(config["output_dir"])
+        output_dir.mkdir(parents=True, exist_ok=True)
+        return write_config(config, output_dir)
+    except (KeyError, TypeError, OSError) as err:
+        log.warning(f"Could not save the config next to the metrics: {type(err).__name__}: {err}")
+        return None
+
+
+class CometLogger:
+    """Logs to Comet (https://www.comet.com), on rank 0 only.
+
+    Needs the ``comet_ml`` package (``pip install 'tune[comet]'``), imported when the logger is built. The API key
+    and workspace may also come from Comet's own configuration (``COMET_API_KEY``, ``~/.comet.config``).
+
+    Args:
+        api_key (str | None): Comet API key. Default None (Comet's configuration).
+        workspace (str | None): Comet workspace. Default None.
+        project (str | None): Comet project. Default None.
+        experiment_key (str | None): key of an existing experiment to continue. Default None (a new one).
+        mode (str | None): ``"create"``, ``"get"`` or ``"get_or_create"``; None lets Comet decide.
+        online (bool | None): False records the experiment locally for a later upload. Default None.
+        experiment_name (str | None): the experiment's display name. Default None.
+        tags (list[str] | None): tags for the experiment. Default None.
+        log_code (bool): upload the calling script's source. Default True.
+        **kwargs: passed to ``comet_ml.ExperimentConfig`` (``log_dir`` from recipe configs is dropped).
+
+    Raises:
+        ImportError: when ``comet_ml`` is not installed; the message names the extra to install.
+    """
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        workspace: str | None = None,
+        project: str | None = None,
+        experiment_key: str | None = None,
+        mode: str | None = None,
+        online: bool | None = None,
+        experiment_name: str | None = None,
+        tags: list[str] | None = None,
+        log_code: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        comet_ml = import_optional("comet_ml", "CometLogger")
+        kwargs.pop("log_dir", None)  # recipes pass log_dir to every logger; Comet keeps its own files
+        self.experiment = None
+        if get_rank() == 0:
+            settings = comet_ml.ExperimentConfig(log_code=log_code, tags=tags, name=experiment_name, **kwargs)
+            self.experiment = comet_ml.start(
+                api_key=api_key,
+                workspace=workspace,
+                project=project,
+                experiment_key=experiment_key,
+                mode=mode,
+                online=online,
+                experiment_config=settings,
+            )
+
+    def log(self, name: str, data: Scalar, step: int) -> None:
+        """Logs one scalar. See :class:`MetricLoggerInterface`."""
+        if self.experiment is not None:
+            self.experiment.log_metric(name, _scalar(data), step=step)
+
+    def log_dict(self, payload: Mapping[str, Scalar], step: int) -> None:
+        """Logs several scalars at ``step``. See :class:`MetricLoggerInterface`."""
+        if self.experiment is not None:
+            self.experiment.log_metrics({name: _scalar(value) for name, value in payload.items()}, step=step)
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """Records the config as the experiment's parameters and uploads it as ``config.yaml``."""
+        plain = _check_config(config)
+        if self.experiment is None:
+            return
+        self.experiment.log_parameters(plain)
+        path = save_config(plain)
+        if path is not None:
+            self.experiment.log_asset(str(path), file_name=path.name)
+
+    def close(self) -> None:
+        """Ends the Comet experiment."""
+        if self.experiment is not None:
+            self.experiment.end()
+            self.experiment = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class MLFlowLogger:
+    """Logs to MLflow (https://mlflow.org), on rank 0 only.
+
+    Needs the ``mlflow`` package (``pip install 'tune[mlflow]'``), imported when the logger is built. Starts a run
+    unless one is active (an ``mlflow.start_run`` block around the recipe, say), in which case it logs there.
+
+    Args:
+        experiment_name (str | None): the MLflow experiment. Default ``MLFLOW_EXPERIMENT_NAME``, else MLflow's
+            default experiment.
+        tracking_uri (str | None): the tracking server or directory. Default ``MLFLOW_TRACKING_URI``, else
+            MLflow's default (``./mlruns``).
+        run_id (str | None): an existing run to continue. Default ``MLFLOW_RUN_ID``, else a new run.
+        run_name (str | None): the new run's name. Default None (MLflow picks one).
+
+    Raises:
+        ImportError: when ``mlflow`` is not installed; the message names the extra to install.
+    """
+
+    def __init__(
+        self,
+        experiment_name: str | None = None,
+        tracking_uri: str | None = None,
+        run_id: str | None = None,
+        run_name: str | None = None,
+    ) -> None:
+        self._mlflow = import_optional("mlflow", "MLFlowLogger")
+        self._rank = get_rank()
+        self._tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        self._experiment_name = experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+        self._run_id = run_id or os.environ.get("MLFLOW_RUN_ID")
+        self._started = False
+        if self._rank != 0:
+            return
+        if self._tracking_uri is not None and not self._mlflow.is_tracking_uri_set():
+            self._mlflow.set_tracking_uri(self._tracking_uri)
+        active = self._mlflow.active_run()
+        if active is not None and self._run_id is None:
+            self._run_id = active.info.run_id  # log into the caller's run
+            return
+        if self._experiment_name is not None:
+            self._mlflow.set_experiment(self._experiment_name)
+        run = self._mlflow.start_run(run_id=self._run_id, run_name=run_name)
+        self._run_id = run.info.run_id
+        self._started = True
+
+    def _active(self) -> bool:
+        return self._rank == 0 and self._mlflow.active_run() is not None
+
+    def log(self, name: str, data: Scalar, step: int) -> None:
+        """Logs one scalar. See :class:`MetricLoggerInterface`."""
+        if self._active():
+            self._mlflow.log_metric(name, _scalar(data), step=step, run_id=self._run_id)
+
+    def log_dict(self, payload: Mapping[str, Scalar], step: int) -> None:
+        """Logs several scalars at ``step``. See :class:`MetricLoggerInterface`."""
+        if self._active():
+            metrics = {name: _scalar(value) for name, value in payload.items()}
+            self._mlflow.log_metrics(metrics, step=step, run_id=self._run_id)
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """Records the config as the run's parameters (nested keys joined with ``.``) and uploads ``config.yaml``."""
+        plain = _check_config(config)
+        if not self._active():
+            return
+        self._mlflow.log_params(flatten_dict(plain), run_id=self._run_id)
+        path = save_config(plain)
+        if path is not None:
+            # an absolute output_dir becomes a relative artifact path inside the run
+            self._mlflow.log_artifact(str(path), artifact_path=str(path.parent).lstrip("/"), run_id=self._run_id)
+
+    def close(self) -> None:
+        """Ends the run this logger started (a run the caller started is left to the caller)."""
+        if self._started and self._mlflow.active_run() is not None:
+            self._mlflow.end_run()
+        self._started = False
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

@@ -13,19 +13,39 @@ from tune.utils._files import read_json_file
 from tune.utils._logging import get_logger, log_rank_zero
 from tune.utils._optional import import_optional, install_hint
 
-_LAZY = {name: "tune.utils._device" for name in ("get_device", "get_dtype", "get_rank", "get_world_size")}
+_LAZY = {
+    name: "tune.utils._device"
+    for name in (
+        "DeviceSupport",
+        "batch_to_device",
+        "get_device",
+        "get_device_support",
+        "get_dtype",
+        "get_rank",
+        "get_torch_device_namespace",
+        "get_world_size",
+        "get_world_size_and_rank",
+        "torch_version_ge",
+    )
+}
 
 __all__ = [
+    "DeviceSupport",
     "TuneError",
+    "batch_to_device",
     "get_device",
+    "get_device_support",
     "get_dtype",
     "get_logger",
     "get_rank",
+    "get_torch_device_namespace",
     "get_world_size",
+    "get_world_size_and_rank",
     "import_optional",
     "install_hint",
     "log_rank_zero",
     "read_json_file",
+    "torch_version_ge",
 ]
 
 

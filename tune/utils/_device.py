@@ -1,4 +1,7 @@
+import itertools
 import os
+from enum import Enum
+from typing import Any
 
 import torch
 
@@ -87,3 +90,110 @@ def get_dtype(dtype: str | torch.dtype | None = None, device: torch.device | Non
     ):
         raise ValueError("dtype=bf16 was requested but this GPU does not support bfloat16. Use dtype=fp32.")
     return resolved
+
+
+def get_world_size_and_rank() -> tuple[int, int]:
+    """``(world_size, rank)`` of the default process group (1 and 0 when not distributed), as in torchtune."""
+    return get_world_size(), get_rank()
+
+
+class DeviceSupport(Enum):
+    """The accelerator kinds torchtune knows, each with its ``device_type``, a ``device_name`` to show users, and
+    the ``communication_backend`` that ``torch.distributed`` uses on it."""
+
+    CPU = ("cpu", "CPU", "gloo")
+    CUDA = ("cuda", "GPU", "nccl")
+    NPU = ("npu", "NPU", "hccl")
+    XPU = ("xpu", "XPU", "ccl")
+
+    def __init__(self, device_type: str, device_name: str, communication_backend: str) -> None:
+        self.device_type = device_type
+        self.device_name = device_name
+        self.communication_backend = communication_backend
+
+    @staticmethod
+    def from_type(device_type: str) -> "DeviceSupport":
+        """The member whose ``device_type`` is ``device_type``.
+
+        Raises:
+            ValueError: for a device type not listed here.
+        """
+        for member in DeviceSupport:
+            if member.device_type == device_type:
+                return member
+        known = ", ".join(member.device_type for member in DeviceSupport)
+        raise ValueError(f"Unknown device type {device_type!r}; known: {known}.")
+
+
+def _available_device_type() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    npu = getattr(torch, "npu", None)  # present once the torch_npu extension is imported
+    if npu is not None and npu.is_available():
+        return "npu"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    return "cpu"
+
+
+def get_device_support() -> DeviceSupport:
+    """The best accelerator of this machine (CUDA, then NPU, then XPU, else CPU)."""
+    return DeviceSupport.from_type(_available_device_type())
+
+
+def get_torch_device_namespace() -> Any:
+    """The ``torch`` submodule of this machine's accelerator (``torch.cuda``, ``torch.xpu``, ``torch.cpu``, ...),
+    for calls such as ``get_torch_device_namespace().synchronize()``. Falls back to ``torch.cuda``."""
+    return getattr(torch, get_device_support().device_type, torch.cuda)
+
+
+def batch_to_device(batch: dict, device: torch.device) -> None:
+    """Moves every tensor of ``batch`` (nested dicts included) to ``device``, in place.
+
+    Args:
+        batch (dict): names to tensors, to nested dicts of tensors, or to objects with ``.to(device)`` such as
+            flex-attention block masks.
+        device (torch.device): the device.
+
+    Raises:
+        ValueError: for a value that is neither a dict, a tensor nor a block mask.
+    """
+    for key, value in batch.items():
+        if isinstance(value, dict):
+            batch_to_device(value, device)
+        elif isinstance(value, torch.Tensor) or type(value).__name__ == "BlockMask":
+            batch[key] = value.to(device)
+        else:
+            raise ValueError(
+                f"batch_to_device moves tensors and dicts of tensors; batch[{key!r}] is a {type(value).__name__}. "
+                "Convert it to a tensor in the collate function, or keep it out of the batch."
+            )
+
+
+def _release(version: str) -> tuple[int, ...]:
+    # "2.6.0.dev20241112+cu124" -> (2, 6, 0): the numeric release part only
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if len(digits) != len(part):
+            break
+    return tuple(numbers)
+
+
+def torch_version_ge(version: str) -> bool:
+    """Whether the installed torch is at least ``version``, comparing release numbers only.
+
+    A pre-release or nightly counts as its release (``2.6.0.dev2024...`` is >= ``"2.6"``), as in torchtune.
+
+    Args:
+        version (str): e.g. ``"2.5"`` or ``"2.6.0"``.
+
+    Returns:
+        bool: True if ``torch.__version__`` is that version or later.
+    """
+    installed, wanted = _release(torch.__version__), _release(version)
+    width = max(len(installed), len(wanted))
+    return installed + (0,) * (width - len(installed)) >= wanted + (0,) * (width - len(wanted))

@@ -4,6 +4,8 @@ from types import ModuleType
 # optional dependency -> the extra of `pip install tune[...]` that provides it
 _EXTRAS = {
     "wandb": "wandb",
+    "comet_ml": "comet",
+    "mlflow": "mlflow",
     "tensorboard": "tensorboard",
     "torch.utils.tensorboard": "tensorboard",
     "lm_eval": "eval",

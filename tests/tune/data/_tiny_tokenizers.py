@@ -171,7 +171,7 @@ def conversation(system: bool = True) -> list[Message]:
 
 def as_dicts(messages: list[Message]) -> list[dict]:
     """Messages in the form ``apply_chat_template`` takes."""
-    return [{"role": m.role, "content": m.content} for m in messages]
+    return [{"role": m.role, "content": m.text_content} for m in messages]
 
 
 def trained_runs(tokens: list[int], mask: list[bool]) -> list[list[int]]:
@@ -290,14 +290,14 @@ def torchtune_no_template_reference(model_path: "str | Path", messages: list[Mes
         if new_turn:
             tokens.append(sp.bos_id())
             mask.append(message.masked)
-        text = message.content.rstrip(" ")
+        text = message.text_content.rstrip(" ")
         if not new_turn and not previous_space and encodes_whitespace:
             ids = sp.encode("\n" + text)[len(newline) :]
         else:
             ids = sp.encode(text)
         tokens += ids
         mask += [message.masked] * len(ids)
-        previous_space = message.content.endswith(" ")
+        previous_space = message.text_content.endswith(" ")
         new_turn = message.role == "assistant"
         if new_turn:
             tokens.append(sp.eos_id())

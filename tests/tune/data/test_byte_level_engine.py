@@ -54,7 +54,7 @@ def test_engine_gives_the_ids_of_tokenizers(hf):
 def _messages(conversation: list[Message]) -> list[Message]:
     # content with the tricky texts, so conversations mix NFC changes and added tokens with the masks
     rng = random.Random(len(conversation))
-    return [Message(m.role, m.content + rng.choice(TRICKY), masked=m.masked) for m in conversation]
+    return [Message(m.role, m.text_content + rng.choice(TRICKY), masked=m.masked) for m in conversation]
 
 
 @pytest.mark.parametrize("qwen3", [False, True], ids=["qwen2_5", "qwen3"])
@@ -92,7 +92,7 @@ def _render(message: Message):
     from tune.data._chat_formats import Segment
 
     yield Segment("<|im_start|>", message.masked, special=True)
-    yield Segment(f"{message.role}\n{message.content}", not message.masked)
+    yield Segment(f"{message.role}\n{message.text_content}", not message.masked)
     yield Segment("<|im_end|>", not message.masked, special=True)
 
 

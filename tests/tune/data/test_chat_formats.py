@@ -18,7 +18,7 @@ def _runs(tok, tokens, mask):
 
 def shout(messages):
     """A prompt template for the tests: upper-cases user turns."""
-    return [Message(m.role, m.content.upper(), m.masked) if m.role == "user" else m for m in messages]
+    return [Message(m.role, m.text_content.upper(), m.masked) if m.role == "user" else m for m in messages]
 
 
 class TestMaskingStrategies:
@@ -49,7 +49,7 @@ class TestMaskingStrategies:
     def test_train_on_last_trains_only_the_last_answer_tokens(self, tok):
         messages = mask_messages(conversation(), "last")
         tokens, mask = tok.tokenize_messages(messages)
-        assert _runs(tok, tokens, mask) == [messages[-1].content + "<|eot_id|>"]
+        assert _runs(tok, tokens, mask) == [messages[-1].text_content + "<|eot_id|>"]
 
     def test_train_on_input_style_trains_the_answer_header(self, tok):
         # a trained user turn followed by a trained answer: the answer's header is trained too
@@ -63,11 +63,19 @@ class TestValidation:
         with pytest.raises(ValueError, match=r"message 1 \(user\) has empty content '  '"):
             tok.tokenize_messages([Message("system", "s"), Message("user", "  ")])
 
-    def test_non_string_content_names_the_message(self, tok):
+    def test_non_string_content_is_refused(self):
+        with pytest.raises(ValueError, match="content must be a string or a list"):
+            Message("user", 42)
         message = Message("user", "x")
-        message.content = 42  # the constructor already refuses this; a mutated message is still caught
-        with pytest.raises(ValueError, match=r"message 0 \(user\) content must be a string, got int"):
-            tok.tokenize_messages([message])
+        with pytest.raises(ValueError, match="content must be a string or a list"):
+            message.content = 42
+        with pytest.raises(ValueError, match="text part 0 of a 'user' message must hold a string, got int"):
+            Message("user", [{"type": "text", "content": 42}])
+
+    def test_media_content_names_the_message(self, tok):
+        image = Message("user", [{"type": "image", "content": object()}, {"type": "text", "content": "what?"}])
+        with pytest.raises(ValueError, match=r"message 0 \(user\) holds image content; tune's tokenizers are text"):
+            tok.tokenize_messages([image])
 
     def test_unknown_role_is_refused(self, tok):
         with pytest.raises(ValueError, match="Unknown message role 'robot'"):

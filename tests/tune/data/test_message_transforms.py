@@ -12,7 +12,7 @@ from tune.data import (
 
 
 def _summary(messages: list[Message]) -> list[tuple[str, str, bool]]:
-    return [(m.role, m.content, m.masked) for m in messages]
+    return [(m.role, m.text_content, m.masked) for m in messages]
 
 
 class TestAlpacaPrompt:
@@ -65,14 +65,14 @@ class TestAlpacaToMessages:
         with_input = t({"instruction": "Add.", "input": "2 and 3", "output": "5"})["messages"]
         assert _summary(with_input) == [("user", alpaca_prompt("Add.", "2 and 3"), True), ("assistant", "5", False)]
         without = t({"instruction": "Add.", "input": "", "output": "5"})["messages"]
-        assert without[0].content == alpaca_prompt("Add.")
+        assert without[0].text_content == alpaca_prompt("Add.")
         none_input = t({"instruction": "Add.", "input": None, "output": "5"})["messages"]
-        assert none_input[0].content == alpaca_prompt("Add.")
+        assert none_input[0].text_content == alpaca_prompt("Add.")
 
     def test_input_column_is_optional(self):
         t = AlpacaToMessages()
         assert t.required_columns == ["instruction", "output"]
-        assert t({"instruction": "Add.", "output": "5"})["messages"][0].content == alpaca_prompt("Add.")
+        assert t({"instruction": "Add.", "output": "5"})["messages"][0].text_content == alpaca_prompt("Add.")
 
     def test_default_trains_on_input(self):
         assert not AlpacaToMessages()({"instruction": "a", "output": "b"})["messages"][0].masked
@@ -148,3 +148,13 @@ class TestMaskingStrategy:
             OpenAIToMessages(train_on_input=True, masking_strategy="train_on_last")
         with pytest.raises(ValueError, match="Unknown masking strategy"):
             OpenAIToMessages(masking_strategy="sometimes")
+
+
+def test_image_dir_is_refused_text_only():
+    from tune.data import InputOutputToMessages, ShareGPTToMessages
+
+    for transform in (InputOutputToMessages, ShareGPTToMessages):
+        with pytest.raises(ValueError, match="image_dir='imgs' was given, but tune is text-only"):
+            transform(False, None, None, "imgs")
+    # torchtune's positional order: train_on_input, column_map, new_system_prompt, image_dir, image_tag
+    assert ShareGPTToMessages(True, None, None, None, "<img>").image_tag == "<img>"

@@ -48,7 +48,7 @@ class ByteTokenizer:
         self._count_call()
         tokens, mask = [self.bos_id], [messages[0].masked]
         for m in messages:
-            turn = [HEADERS[m.role]] + [b + 3 for b in m.content.encode("utf-8")] + [END_OF_TURN] * m.eot
+            turn = [HEADERS[m.role]] + [b + 3 for b in m.text_content.encode("utf-8")] + [END_OF_TURN] * m.eot
             tokens += turn
             mask += [m.masked] * len(turn)
         if add_end_tokens:

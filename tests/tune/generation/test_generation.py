@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tune.generation import generate, left_pad
+from tune.generation import generate, generate_next_token, left_pad
 from tune.modules import (
     FeedForward,
     MultiHeadAttention,
@@ -12,6 +12,7 @@ from tune.modules import (
     RotaryPositionalEmbeddings,
     TransformerDecoder,
     TransformerSelfAttentionLayer,
+    disable_kv_cache,
 )
 
 VOCAB = 64
@@ -200,3 +201,50 @@ def test_stop_token_matches_transformers_eos(llama_pair):
     expected = _hf_greedy(hf_model, HF_PROMPTS, max_new_tokens=10, eos_token_id=eos)
     ours_out = generate(ours, HF_PROMPTS, max_generated_tokens=10, temperature=0.0, stop_tokens=[eos], pad_id=0)
     assert torch.equal(ours_out, expected)
+
+
+def test_generate_next_token_samples_after_the_last_position(model):
+    tokens = torch.tensor([PROMPTS[0]])
+    positions = torch.arange(tokens.shape[1])[None]
+    with torch.no_grad():
+        next_token, logits = generate_next_token(model, positions, tokens, temperature=0.0)
+        full = model(tokens)
+    assert next_token.shape == (1, 1) and logits.shape == (1, 1, VOCAB)
+    torch.testing.assert_close(logits[:, 0], full[:, -1])
+    assert next_token.item() == full[0, -1].argmax().item()
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_custom_generate_next_token_is_used_after_the_first_token(model, use_cache):
+    calls = []
+
+    def counting_next_token(*args, **kwargs):
+        calls.append(kwargs["x"].shape[1])
+        return generate_next_token(*args, **kwargs)
+
+    plain = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0, use_cache=use_cache)
+    custom = generate(
+        model,
+        PROMPTS,
+        max_generated_tokens=5,
+        temperature=0.0,
+        use_cache=use_cache,
+        custom_generate_next_token=counting_next_token,
+    )
+    assert torch.equal(custom, plain)
+    assert len(calls) == 4  # tokens 2..5; the first comes from the prompt pass
+    assert calls == ([1] * 4 if use_cache else [7, 8, 9, 10])  # one new token per step with a cache
+    with pytest.raises(ValueError, match="top_p"):
+        generate(model, PROMPTS, max_generated_tokens=2, top_p=0.9, custom_generate_next_token=counting_next_token)
+
+
+def test_caches_disabled_by_the_caller_are_left_alone(model):
+    want = generate(model, PROMPTS, max_generated_tokens=4, temperature=0.0, use_cache=False)
+    model.setup_caches(batch_size=2, dtype=torch.float32)
+    try:
+        with disable_kv_cache(model):
+            got = generate(model, PROMPTS, max_generated_tokens=4, temperature=0.0)
+        assert all(layer.attn.kv_cache.size == 0 for layer in model.layers)
+    finally:
+        model.delete_caches()
+    assert torch.equal(got, want)

@@ -102,3 +102,16 @@ def test_rng_makes_draws_reproducible():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         sample(torch.randn(1, 4), **kwargs)
+
+
+def test_q_noise_picks_argmax_of_probs_over_q():
+    logits = torch.tensor([[1.0, 2.0, 0.5, 3.0], [0.0, 0.0, 0.0, 0.0]])
+    q = torch.tensor([[0.1, 5.0, 0.2, 4.0], [3.0, 0.5, 1.0, 2.0]])
+    probs = torch.softmax(logits / 0.7, dim=-1)
+    assert torch.equal(sample(logits, temperature=0.7, q=q), (probs / q).argmax(dim=-1))
+    assert sample(logits, temperature=0.0, q=q).tolist() == [3, 0]  # greedy ignores the noise
+    # with exponential noise the draws follow the distribution (the exponential race)
+    gen = torch.Generator().manual_seed(0)
+    row = torch.tensor([[0.0, math.log(3.0)]])  # probabilities 1/4, 3/4
+    draws = [sample(row, q=torch.empty(1, 2).exponential_(1, generator=gen)).item() for _ in range(2000)]
+    assert abs(sum(draws) / 2000 - 0.75) < 0.04

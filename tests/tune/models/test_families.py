@@ -6,7 +6,19 @@ import torch
 from tune.models._hf import hf_sliding_windows
 from tune.registry import family_for_hf_model_type, get_model_family, list_model_families
 
-FAMILIES = ["gemma2", "llama2", "llama3", "llama3_1", "llama3_2", "llama3_3", "mistral", "phi3", "qwen2_5", "qwen3"]
+FAMILIES = [
+    "code_llama2",
+    "gemma2",
+    "llama2",
+    "llama3",
+    "llama3_1",
+    "llama3_2",
+    "llama3_3",
+    "mistral",
+    "phi3",
+    "qwen2_5",
+    "qwen3",
+]
 
 
 def test_all_families_registered_with_converters():

@@ -3,6 +3,7 @@ LoRA and QLoRA builders, built on the meta device with the hyperparameters of th
 its Hugging Face repo, and with exactly the parameter count of the transformers model built from those values.
 """
 
+import importlib
 import inspect
 import math
 from pathlib import Path
@@ -14,6 +15,7 @@ from omegaconf import OmegaConf
 import tune.models
 from tune.config import validate_config
 from tune.models._common import ModelSize
+from tune.models._family import family_builders
 from tune.modules import Llama3ScaledRoPE, RMSNorm, TiedLinear, TransformerDecoder
 from tune.registry import get_model_family
 
@@ -55,6 +57,18 @@ PUBLISHED = {
         model_type="llama", vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
         num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=4096, rms_norm_eps=1e-5,
         tie_word_embeddings=False),
+    "codellama/CodeLlama-7b-hf": dict(
+        model_type="llama", vocab_size=32016, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=16384, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, tie_word_embeddings=False),
+    "codellama/CodeLlama-13b-hf": dict(
+        model_type="llama", vocab_size=32016, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+        num_attention_heads=40, num_key_value_heads=40, max_position_embeddings=16384, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, tie_word_embeddings=False),
+    "codellama/CodeLlama-70b-hf": dict(
+        model_type="llama", vocab_size=32016, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=16384, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, tie_word_embeddings=False),
     "meta-llama/Meta-Llama-3-8B-Instruct": dict(
         model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
@@ -110,6 +124,18 @@ PUBLISHED = {
         num_attention_heads=32, num_key_value_heads=16, head_dim=128, max_position_embeddings=8192,
         rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096, attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0, query_pre_attn_scalar=144),
+    "Qwen/Qwen2-0.5B-Instruct": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen2-1.5B-Instruct": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=True),
+    "Qwen/Qwen2-7B-Instruct": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
     "Qwen/Qwen2.5-0.5B-Instruct": dict(
         model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
@@ -294,10 +320,23 @@ def _same(ours, published) -> bool:
     return ours == published
 
 
+def _builders(family: str) -> dict:
+    """The family's registered builders; for an alias package (tune.models.qwen2, whose names live on the
+    qwen2_5 family) the builders its own ``_model_builders`` defines."""
+    registered = get_model_family(family)
+    if registered.name == family:
+        return registered.builders
+    return family_builders(importlib.import_module(f"tune.models.{family}._model_builders"))
+
+
 def _build(name: str, prefix: str = "", *args, **kwargs) -> TransformerDecoder:
     """The registered builder ``prefix + name`` of size ``name``, called on the meta device (nothing allocated)."""
     with torch.device("meta"):
-        return get_model_family(SIZES[name][0]).builders[prefix + name](*args, **kwargs)
+        return _builders(SIZES[name][0])[prefix + name](*args, **kwargs)
+
+
+def _callable_bare(builder) -> bool:
+    return all(p.default is not inspect.Parameter.empty for p in inspect.signature(builder).parameters.values())
 
 
 def _count(model: torch.nn.Module) -> int:
@@ -306,9 +345,13 @@ def _count(model: torch.nn.Module) -> int:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_registers_exactly_the_sizes_of_its_table(family):
-    builders = get_model_family(family).builders
-    named = {name for name, builder in builders.items() if not inspect.signature(builder).parameters}
-    assert named == set(_table(family)), "named sizes (builders without parameters) are the rows of MODEL_SIZES"
+    builders = _builders(family)
+    named = {
+        name
+        for name, builder in builders.items()
+        if not name.startswith(("lora_", "qlora_")) and "_reward_" not in name and _callable_bare(builder)
+    }
+    assert named == set(_table(family)), "named sizes (builders callable without arguments) are the rows of MODEL_SIZES"
     for name in _table(family):
         assert {f"lora_{name}", f"qlora_{name}"} <= set(builders)
 
@@ -360,36 +403,35 @@ def test_named_size_has_transformers_parameter_count(name):
     assert _count(_build(name)) == _count(reference)
 
 
-LORA_PARAMETERS = [
-    ("lora_attn_modules", inspect.Parameter.empty),
-    ("apply_lora_to_mlp", False),
-    ("apply_lora_to_output", False),
-    ("lora_rank", 8),
-    ("lora_alpha", 16.0),
-    ("lora_dropout", 0.0),
-    ("use_dora", False),
-    ("quantize_base", False),
-]
+def _torchtune_api():
+    """tools/torchtune_api.py (its signature check) and the torchtune 0.6.1 names it recorded."""
+    import importlib.util
+    import json
 
-
-def _parameters(builder) -> list[tuple[str, object]]:
-    parameters = inspect.signature(builder).parameters.values()
-    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
-    return [(p.name, p.default) for p in parameters]
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("torchtune_api", root / "tools" / "torchtune_api.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    packages = json.loads((root / "tests" / "assets" / "torchtune_0_6_1_api.json").read_text())["packages"]
+    return module, packages
 
 
 @pytest.mark.parametrize("name", sorted(SIZES))
 def test_lora_and_qlora_builders_keep_torchtune_signatures(name):
-    builders = get_model_family(SIZES[name][0]).builders
+    builders = _builders(SIZES[name][0])
     base, lora, qlora = builders[name], builders[f"lora_{name}"], builders[f"qlora_{name}"]
     assert inspect.isfunction(base) and inspect.isfunction(lora) and base.__doc__ and lora.__doc__
-    assert _parameters(lora) == LORA_PARAMETERS
-    assert _parameters(qlora) == LORA_PARAMETERS[:-1]  # quantize_base is fixed
     assert inspect.signature(qlora).return_annotation is inspect.signature(lora).return_annotation
     assert qlora.func is lora and qlora.args == () and qlora.keywords == {"quantize_base": True}
+    assert inspect.signature(qlora).parameters["quantize_base"].default is True
     assert qlora.__name__ == qlora.__qualname__ == f"qlora_{name}"
     assert qlora.__module__ == lora.__module__ == base.__module__
     assert f"lora_{name}" in qlora.__doc__
+    api, packages = _torchtune_api()
+    theirs = packages.get(f"torchtune.models.{SIZES[name][0]}", {})
+    for builder in (base, lora, qlora):
+        if builder.__name__ in theirs:  # sizes torchtune 0.6.1 has (tune has more, e.g. Qwen3)
+            assert api.signature_problems(theirs[builder.__name__]["params"], builder) == [], builder.__name__
 
 
 @pytest.mark.parametrize("name", sorted(SIZES))
@@ -408,5 +450,7 @@ def test_qlora_builder_is_validated_against_its_signature():
     component = "tune.models.qwen2_5.qlora_qwen2_5_0_5b"
     cfg = OmegaConf.create({"model": {"_component_": component, "lora_attn_modules": ["q_proj"], "lora_rank": 4}})
     assert validate_config(cfg) == []
-    cfg.model.quantize_base = False  # fixed by the qlora builder: not an argument
-    assert [p.key for p in validate_config(cfg)] == ["model.quantize_base"]
+    cfg.model.quantize_base = False  # accepted, as by torchtune's qlora_* partials
+    assert validate_config(cfg) == []
+    cfg.model.lora_rnak = 4
+    assert [p.key for p in validate_config(cfg)] == ["model.lora_rnak"]

@@ -99,7 +99,7 @@ def test_chat_parity_without_system_and_exact_mask(ours):
     messages = mask_messages(conversation(system=False))
     tokens, mask = ours.tokenize_messages(messages)
     assert tokens == hf_ids(_reference(GEMMA2_TEMPLATE), as_dicts(messages))
-    expected = [m.content.strip() + "<end_of_turn>" for m in messages if m.role == "assistant"]
+    expected = [m.text_content.strip() + "<end_of_turn>" for m in messages if m.role == "assistant"]
     assert _answers(ours, tokens, mask) == expected
 
 
@@ -109,7 +109,7 @@ def test_system_prompt_is_folded_like_gemma3(ours):
     assert tokens == hf_ids(_reference(GEMMA3_TEMPLATE), as_dicts(messages))
     with pytest.raises(Exception, match="System role not supported"):  # why Gemma 3's template is the reference
         hf_ids(_reference(GEMMA2_TEMPLATE), as_dicts(messages))
-    expected = [m.content.strip() + "<end_of_turn>" for m in messages if m.role == "assistant"]
+    expected = [m.text_content.strip() + "<end_of_turn>" for m in messages if m.role == "assistant"]
     assert _answers(ours, tokens, mask) == expected
 
 
@@ -138,4 +138,13 @@ def test_parity_on_random_conversations(ours, system):
         tokens, mask = ours.tokenize_messages(mask_messages(messages))
         assert tokens == hf_ids(reference, as_dicts(messages)), as_dicts(messages)
         runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
-        assert runs == [m.content.strip() + "<end_of_turn>" for m in messages if m.role == "assistant"]
+        assert runs == [m.text_content.strip() + "<end_of_turn>" for m in messages if m.role == "assistant"]
+
+
+def test_builder_returns_torchtune_class(ours):
+    from tune.models.gemma import GemmaTokenizer
+
+    assert isinstance(ours, GemmaTokenizer)
+    tokenizer = GemmaTokenizer(str(_model_dir() / "tokenizer.model"), 16)
+    assert tokenizer.max_seq_len == 16
+    assert tokenizer.encode("hello world") == ours.encode("hello world")

@@ -58,7 +58,7 @@ def test_chat_parity_and_exact_mask(ours, reference, system):
     assert tokens == hf_ids(reference, as_dicts(messages))
     # trained: " {answer} </s>"; the leading space is inside the answer's first token ("▁The"), decoded away
     runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
-    assert runs == [m.content.strip() + " </s>" for m in messages if m.role == "assistant"]
+    assert runs == [m.text_content.strip() + " </s>" for m in messages if m.role == "assistant"]
 
 
 def test_system_must_come_first(ours):
@@ -74,7 +74,7 @@ def test_parity_on_random_conversations(ours, reference):
         tokens, mask = ours.tokenize_messages(mask_messages(messages))
         assert tokens == hf_ids(reference, as_dicts(messages)), as_dicts(messages)
         runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
-        assert runs == [m.content.strip() + " </s>" for m in messages if m.role == "assistant"]
+        assert runs == [m.text_content.strip() + " </s>" for m in messages if m.role == "assistant"]
 
 
 # ---- torchtune's prompt_template argument ---------------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_template_names_select_the_chat_format(ours):
 
 
 def shout(messages):
-    return [Message(m.role, m.content.upper(), masked=m.masked) for m in messages]
+    return [Message(m.role, m.text_content.upper(), masked=m.masked) for m in messages]
 
 
 def test_other_templates_are_applied_then_laid_out_without_chat_format():
@@ -173,3 +173,27 @@ def test_chat_format_matches_meta_reference(ours, reference, system):
     assert tokens == meta_llama2_chat_reference(path, as_dicts(messages[:-1]))
     for dialog in random_conversations(count=25, seed=4):
         assert ours.tokenize_messages(dialog)[0] == meta_llama2_chat_reference(path, as_dicts(dialog))
+
+
+@pytest.mark.parametrize("template", ["instance", "class"])
+def test_torchtune_class_and_template_give_the_builders_tokens(ours, template):
+    from tune.models.llama2 import Llama2ChatTemplate, Llama2Tokenizer
+
+    given = Llama2ChatTemplate() if template == "instance" else Llama2ChatTemplate
+    tokenizer = Llama2Tokenizer(str(sentencepiece_model() / "tokenizer.model"), None, given)
+    messages = mask_messages(conversation(system=True))
+    assert isinstance(ours, Llama2Tokenizer)
+    assert tokenizer.tokenize_messages(messages) == ours.tokenize_messages(messages)
+
+
+def test_chat_template_called_on_messages_writes_inst_text():
+    from tune.models.llama2 import Llama2ChatTemplate
+
+    messages = [Message("system", "S"), Message("user", "U1"), Message("assistant", "A1"), Message("user", "U2")]
+    out = Llama2ChatTemplate()(messages)
+    # the Hugging Face template's text, without BOS/EOS: the system prompt opens the first user turn only
+    assert [(m.role, m.text_content) for m in out] == [
+        ("user", "[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] "),
+        ("assistant", "A1"),
+        ("user", "[INST] U2 [/INST] "),
+    ]

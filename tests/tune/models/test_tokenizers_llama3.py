@@ -71,7 +71,7 @@ def test_chat_parity_and_exact_mask(ours, reference, system):
     messages = mask_messages(conversation(system=system))
     tokens, mask = ours.tokenize_messages(messages)
     assert tokens == hf_ids(reference, as_dicts(messages))
-    answers = [m.content.strip() for m in messages if m.role == "assistant"]
+    answers = [m.text_content.strip() for m in messages if m.role == "assistant"]
     runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
     assert runs == [a + "<|eot_id|>" for a in answers]
 
@@ -84,7 +84,7 @@ def test_generation_prompt_parity(ours, reference):
     assert ours.decode(tokens, skip_special_tokens=False).endswith(header)
     # only the earlier answer is trained; the generation prompt is not
     runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
-    assert runs == [messages[2].content + "<|eot_id|>"]
+    assert runs == [messages[2].text_content + "<|eot_id|>"]
 
 
 def test_tool_messages_use_the_ipython_header(ours):
@@ -112,4 +112,14 @@ def test_parity_on_random_conversations(ours, reference):
         tokens, mask = ours.tokenize_messages(mask_messages(messages))
         assert tokens == hf_ids(reference, as_dicts(messages)), as_dicts(messages)
         runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
-        assert runs == [m.content.strip() + "<|eot_id|>" for m in messages if m.role == "assistant"]
+        assert runs == [m.text_content.strip() + "<|eot_id|>" for m in messages if m.role == "assistant"]
+
+
+def test_torchtune_class_takes_a_special_tokens_dict(ours):
+    from tune.models.llama3 import Llama3Tokenizer
+
+    special = dict(ours.special_tokens)
+    tokenizer = Llama3Tokenizer(str(tiktoken_file()), special, None, None)
+    messages = mask_messages(conversation(system=True))
+    assert isinstance(ours, Llama3Tokenizer)
+    assert tokenizer.tokenize_messages(messages) == ours.tokenize_messages(messages)

@@ -63,7 +63,7 @@ def test_chat_parity_and_exact_mask(ours, reference, system):
     assert tokens == hf_ids(reference, as_dicts(messages))
     runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
     # content is not stripped by this template; the template's " " before the answer is inside its first token
-    assert runs == [m.content + "</s>" for m in messages if m.role == "assistant"]
+    assert runs == [m.text_content + "</s>" for m in messages if m.role == "assistant"]
 
 
 def test_train_on_all_trains_everything_after_bos(ours):
@@ -77,7 +77,7 @@ def test_train_on_last_trains_only_the_last_answer(ours):
     messages = mask_messages(conversation(), "last")
     tokens, mask = ours.tokenize_messages(messages)
     runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
-    assert runs == [messages[-1].content + "</s>"]
+    assert runs == [messages[-1].text_content + "</s>"]
 
 
 def test_roles_and_empty_content_errors(ours):
@@ -93,7 +93,11 @@ def test_parity_on_random_conversations(ours, reference):
         assert tokens == hf_ids(reference, as_dicts(messages)), as_dicts(messages)
         runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
         # sentencepiece's decode drops one leading space (it reads it as the dummy prefix)
-        answers = [m.content[1:] if m.content.startswith(" ") else m.content for m in messages if m.role == "assistant"]
+        answers = [
+            m.text_content[1:] if m.text_content.startswith(" ") else m.text_content
+            for m in messages
+            if m.role == "assistant"
+        ]
         assert runs == [a + "</s>" for a in answers]
 
 
@@ -115,3 +119,14 @@ def test_template_names_select_the_chat_format(ours):
     for name in ["tune.models.mistral.MistralChatTemplate", "torchtune.models.mistral.MistralChatTemplate"]:
         assert mistral_tokenizer(path, prompt_template=name).tokenize_messages(messages) == expected
     assert "[INST]" in ours.decode(expected[0])
+
+
+def test_torchtune_class_with_template_instance_gives_the_builders_tokens(ours):
+    from tune.models.mistral import MistralChatTemplate, MistralTokenizer
+
+    tokenizer = MistralTokenizer(str(sentencepiece_model() / "tokenizer.model"), prompt_template=MistralChatTemplate())
+    messages = mask_messages(conversation(system=True))
+    assert isinstance(ours, MistralTokenizer)
+    assert tokenizer.tokenize_messages(messages) == ours.tokenize_messages(messages)
+    folded = MistralChatTemplate()([Message("system", "S"), Message("user", "U")])
+    assert [(m.role, m.text_content) for m in folded] == [("user", "[INST] S\n\nU [/INST] ")]

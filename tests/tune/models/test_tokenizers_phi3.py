@@ -56,7 +56,7 @@ def test_chat_parity_and_exact_mask(ours, reference, system):
     # <|user|>, <|end|>, ... strip the "\n" after them (rstrip), so the template's newlines leave no tokens
     assert tokens == hf_ids(reference, as_dicts(messages))
     runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
-    answers = [m.content for m in messages if m.role == "assistant"]
+    answers = [m.text_content for m in messages if m.role == "assistant"]
     # the closing <|endoftext|> follows the last <|end|> and is trained with the last answer
     assert runs == [answers[0] + "<|end|>", answers[1] + "<|end|><|endoftext|>"]
 
@@ -78,5 +78,14 @@ def test_parity_on_random_conversations(ours, reference):
         assert tokens == hf_ids(reference, as_dicts(messages)), as_dicts(messages)
         runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
         # <|assistant|> swallows the whitespace after it (rstrip), so answers start at their first non-space
-        answers = [m.content.lstrip() + "<|end|>" for m in messages if m.role == "assistant"]
+        answers = [m.text_content.lstrip() + "<|end|>" for m in messages if m.role == "assistant"]
         assert runs == answers[:-1] + [answers[-1] + "<|endoftext|>"]
+
+
+def test_torchtune_class_takes_a_special_tokens_dict(ours):
+    from tune.models.phi3 import Phi3MiniTokenizer
+
+    tokenizer = Phi3MiniTokenizer(str(phi3_tokenizer_dir() / "tokenizer.model"), dict(ours.special_tokens))
+    messages = mask_messages(conversation(system=True))
+    assert isinstance(ours, Phi3MiniTokenizer)
+    assert tokenizer.tokenize_messages(messages) == ours.tokenize_messages(messages)

@@ -98,7 +98,7 @@ def test_chat_parity_and_exact_mask(ours, reference, system):
     messages = mask_messages(conversation(system=system))
     tokens, mask = ours.tokenize_messages(messages)
     assert tokens == hf_ids(reference, as_dicts(messages))
-    assert _runs(ours, tokens, mask) == [m.content + "<|im_end|>" for m in messages if m.role == "assistant"]
+    assert _runs(ours, tokens, mask) == [m.text_content + "<|im_end|>" for m in messages if m.role == "assistant"]
     if not system:
         assert "You are Qwen, created by Alibaba Cloud." in ours.decode(tokens)
 
@@ -143,4 +143,12 @@ def test_parity_on_random_conversations(ours, reference):
         tokens, mask = ours.tokenize_messages(mask_messages(messages))
         assert tokens == hf_ids(reference, as_dicts(messages)), as_dicts(messages)
         runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
-        assert runs == [m.content + "<|im_end|>" for m in messages if m.role == "assistant"]
+        assert runs == [m.text_content + "<|im_end|>" for m in messages if m.role == "assistant"]
+
+
+def test_torchtune_keyword_options_accepted_only_where_they_hold():
+    path = str(qwen_tokenizer_json() / "tokenizer.json")
+    tokenizer = qwen2_5_tokenizer(path, bpe_cache_size=1000, errors="replace")
+    assert tokenizer.encode("hi") == qwen2_5_tokenizer(path).encode("hi")
+    with pytest.raises(ValueError, match="unk_token"):
+        qwen2_5_tokenizer(path, unk_token="<unk>")

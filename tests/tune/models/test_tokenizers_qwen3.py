@@ -129,8 +129,8 @@ def test_plain_multi_turn_parity_and_exact_mask(ours, reference, system):
     assert tokens == hf_ids(reference, as_dicts(messages))
     # the template gives the final answer an empty think block; it is prompt-side (masked), the answer is trained
     text = ours.decode(tokens, skip_special_tokens=False)
-    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n" + messages[-1].content + "<|im_end|>\n")
-    assert _runs(ours, tokens, mask) == [m.content + "<|im_end|>" for m in messages if m.role == "assistant"]
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n" + messages[-1].text_content + "<|im_end|>\n")
+    assert _runs(ours, tokens, mask) == [m.text_content + "<|im_end|>" for m in messages if m.role == "assistant"]
 
 
 def test_reasoning_is_kept_after_the_last_query_and_dropped_before(ours, reference):
@@ -176,6 +176,6 @@ def test_parity_on_random_conversations(ours, reference):
         tokens, mask = ours.tokenize_messages(mask_messages(messages))
         assert tokens == hf_ids(reference, as_dicts(messages)), as_dicts(messages)
         runs = [ours.decode(run, skip_special_tokens=False) for run in trained_runs(tokens, mask)]
-        answers = [m.content for m in messages if m.role == "assistant"]
+        answers = [m.text_content for m in messages if m.role == "assistant"]
         answers[-1] = answers[-1].lstrip("\n")  # the template strips newlines after the (empty) think block
         assert runs == [a + "<|im_end|>" for a in answers]

@@ -7,6 +7,7 @@ from tune.modules import (
     get_block_causal_mask_from_document_ids,
     get_causal_mask_from_padding_mask,
     get_position_ids_from_padding_mask,
+    packed_block_causal_mask,
 )
 
 T, F = True, False
@@ -52,3 +53,20 @@ def test_block_causal_from_document_ids_and_from_lengths_agree():
 def test_block_causal_rows_must_have_equal_length():
     with pytest.raises(ValueError, match="same packed length"):
         create_block_causal_mask([[2, 3], [2, 2]])
+
+
+def test_packed_block_causal_mask_is_causal_within_documents_only():
+    mask = packed_block_causal_mask([torch.tensor([2, 3]), torch.tensor([5])])
+    first_row = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 0, 1, 0, 0],
+            [0, 0, 1, 1, 0],
+            [0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert mask.shape == (2, 5, 5) and mask.dtype == torch.bool
+    assert torch.equal(mask[0], first_row)
+    assert torch.equal(mask[1], torch.ones(5, 5, dtype=torch.bool).tril())

@@ -44,3 +44,9 @@ def test_ungated_feed_forward():
     ff = FeedForward(gate_proj=nn.Linear(4, 8), down_proj=nn.Linear(8, 4))
     x = torch.randn(2, 4)
     assert torch.allclose(ff(x), ff.w2(torch.nn.functional.silu(ff.w1(x))))
+
+
+def test_default_activation_is_silu_and_not_shared_between_blocks():
+    first = FeedForward(gate_proj=nn.Linear(4, 8), down_proj=nn.Linear(8, 4), up_proj=nn.Linear(4, 8))
+    second = FeedForward(gate_proj=nn.Linear(4, 8), down_proj=nn.Linear(8, 4))
+    assert isinstance(first.activation, nn.SiLU) and first.activation is not second.activation

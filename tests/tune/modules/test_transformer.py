@@ -90,3 +90,56 @@ def test_input_errors_are_reported():
         model(TOKENS[0])
     with pytest.raises(ValueError, match="max_seq_len 24"):
         model(torch.zeros(1, 25, dtype=torch.long))
+
+
+def test_one_layer_and_num_layers_stack_independent_copies():
+    source = _model(num_layers=1)
+    layer = source.layers[0]
+    model = TransformerDecoder(
+        tok_embeddings=source.tok_embeddings,
+        layers=layer,
+        num_layers=3,
+        max_seq_len=24,
+        num_heads=4,
+        head_dim=8,
+        norm=source.norm,
+        output=source.output,
+    )
+    assert len(model.layers) == 3 and all(copied is not layer for copied in model.layers)
+    assert model.layers[0].attn.q_proj.weight.data_ptr() != model.layers[1].attn.q_proj.weight.data_ptr()
+    torch.testing.assert_close(model.layers[2].attn.q_proj.weight, layer.attn.q_proj.weight)
+    common = dict(tok_embeddings=source.tok_embeddings, max_seq_len=24, num_heads=4, head_dim=8, norm=source.norm)
+    with pytest.raises(ValueError, match="num_layers"):
+        TransformerDecoder(layers=[layer], num_layers=2, output=source.output, **common)
+    with pytest.raises(ValueError, match="num_layers"):
+        TransformerDecoder(layers=layer, output=source.output, **common)
+
+
+def test_output_hidden_states_returns_the_inputs_of_the_chosen_layers_then_the_logits():
+    model = _model(num_layers=3)
+    inputs = {}
+    for i, layer in enumerate(model.layers):
+        layer.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0].clone()))
+    with torch.no_grad():
+        logits = model(TOKENS)
+        model.output_hidden_states = [0, 2]
+        outputs = model(TOKENS)
+    assert isinstance(outputs, list) and len(outputs) == 3
+    torch.testing.assert_close(outputs[0], inputs[0])  # layer 0's input: the embeddings
+    torch.testing.assert_close(outputs[1], inputs[2])
+    torch.testing.assert_close(outputs[2], logits)
+
+
+def test_set_num_output_chunks_returns_logits_in_sequence_chunks_for_the_chunked_loss():
+    from tune.modules.loss import CEWithChunkedOutputLoss
+
+    model = _model()
+    labels = TOKENS.roll(-1, dims=1)
+    with torch.no_grad():
+        logits = model(TOKENS)
+        model.set_num_output_chunks(4)
+        chunks = model(TOKENS)
+    assert isinstance(chunks, list) and len(chunks) == 4
+    torch.testing.assert_close(torch.cat(chunks, dim=1), logits)
+    mean = torch.nn.functional.cross_entropy(logits.reshape(-1, 53), labels.reshape(-1))
+    torch.testing.assert_close(CEWithChunkedOutputLoss(4)(chunks, labels), mean)  # torchtune's loop, unchanged

@@ -1,12 +1,21 @@
 """Activation checkpointing (recompute in backward, same gradients, same names) and offloading."""
 
+import contextlib
 import copy
 
 import pytest
 import torch
 from torch import nn
 
-from tune.training import OffloadActivations, activation_offloading_supported, apply_activation_checkpointing
+from tune.training import (
+    NoOpManager,
+    OffloadActivations,
+    activation_offloading_supported,
+    apply_activation_checkpointing,
+    apply_selective_activation_checkpointing,
+    get_act_offloading_ctx_manager,
+    set_activation_checkpointing,
+)
 
 
 class Block(nn.Module):
@@ -81,7 +90,7 @@ def test_offloading_is_reported_unsupported_on_cpu_and_is_a_no_op_there():
     torch.manual_seed(0)
     model = Net()
     want = _grads(copy.deepcopy(model))
-    offload = OffloadActivations(min_offload_bytes=0)
+    offload = OffloadActivations(min_offload_size=0)
     with offload:
         got = _grads(model)
     assert offload.num_offloaded == 0  # everything already lives in host memory
@@ -105,3 +114,53 @@ def test_checkpointing_a_tune_decoder_by_layer_class():
     assert wrapped.state_dict().keys() == plain.state_dict().keys()
     for (name, p), q in zip(plain.named_parameters(), wrapped.parameters()):
         torch.testing.assert_close(q.grad, p.grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_selective_checkpointing_wraps_every_nth_layer_and_keeps_gradients():
+    torch.manual_seed(0)
+    model = Net()
+    want = _grads(copy.deepcopy(model))
+    apply_selective_activation_checkpointing(model, "selective", 2)
+    wrapped = [getattr(layer, "_forward_without_checkpoint", None) is not None for layer in model.layers]
+    assert wrapped == [False, True, False]  # every 2nd layer, as torchtune counts them
+    got = _grads(model)
+    assert all(torch.equal(got[name], want[name]) for name in want)
+    full = Net()
+    apply_selective_activation_checkpointing(full, "full", None)
+    assert all(getattr(layer, "_forward_without_checkpoint", None) is not None for layer in full.layers)
+    with pytest.raises(ValueError, match="layer interval"):
+        apply_selective_activation_checkpointing(Net(), "selective", "op")
+
+
+def test_set_activation_checkpointing_takes_torchtunes_arguments():
+    model = Net()
+    set_activation_checkpointing(model, {Block})
+    assert all(getattr(layer, "_forward_without_checkpoint", None) is not None for layer in model.layers)
+    with pytest.raises(ValueError, match="checkpoint_wrapper_fn"):
+        set_activation_checkpointing(Net(), {Block}, checkpoint_wrapper_fn=None)
+
+
+def test_no_op_manager_overrides_an_enclosing_saved_tensors_hook():
+    packed = []
+
+    def pack(tensor):
+        packed.append(tensor.shape)
+        return tensor
+
+    x = torch.randn(3, 3, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        (x * x).sum().backward()
+        num_outer = len(packed)
+        with NoOpManager():
+            (x * x).sum().backward()
+    assert num_outer > 0 and len(packed) == num_outer  # inside NoOpManager the outer hook saw nothing
+
+
+def test_act_offloading_ctx_manager_keeps_the_output_projection_on_device():
+    model = Net()
+    assert isinstance(get_act_offloading_ctx_manager(model, False), contextlib.nullcontext)
+    ctx = get_act_offloading_ctx_manager(model, True)
+    assert isinstance(ctx, OffloadActivations) and (ctx.min_offload_size, ctx.use_streams) == (1024, True)
+    assert model.output._forward_pre_hooks and model.output._forward_hooks  # output runs under NoOpManager
+    with ctx:
+        model(torch.randn(2, 8)).backward()  # on CPU nothing moves; the hooks enter and leave cleanly

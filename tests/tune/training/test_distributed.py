@@ -16,12 +16,17 @@ from tune.training import (
     all_reduce_sum,
     clip_grad_norm,
     gather_cpu_state_dict,
+    get_distributed_backend,
+    get_full_optimizer_state_dict,
+    get_shard_conditions,
     init_distributed,
     is_distributed,
     load_from_full_model_state_dict,
+    load_from_full_optimizer_state_dict,
     num_loss_tokens,
     shard_model,
     step_loss_scale,
+    validate_no_params_on_meta_device,
 )
 
 IGNORE = -100
@@ -59,7 +64,7 @@ def _data():
 
 def _train(model, tokens, labels):
     """The loop both runs share: summed loss scaled by the step's global token count, clip, AdamW."""
-    loss_fn = LinearCrossEntropyLoss(num_output_chunks=2)
+    loss_fn = LinearCrossEntropyLoss(num_output_chunks=2, reduction="sum")
     loss_fn.set_model_output(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     losses, norms = [], []
@@ -76,7 +81,7 @@ def _train(model, tokens, labels):
             if torch.distributed.is_initialized()
             else loss.item()
         )
-    return losses, norms
+    return losses, norms, optimizer
 
 
 def _init_new_layer(layer):
@@ -101,8 +106,13 @@ def _worker(rank, port, full_state_dict, full_decoder_state_dict, result_path):
     local_rows = local.shape[0] if local.untyped_storage().nbytes() == local.numel() * local.element_size() else -1
     tokens, labels = _data()
     rows = slice(2 * rank, 2 * rank + 2)
-    losses, norms = _train(model, tokens[rows], labels[rows])
+    losses, norms, optimizer = _train(model, tokens[rows], labels[rows])
     state = gather_cpu_state_dict(model)
+    # torchtune's optimizer-state helpers: gather the AdamW state, load it into a fresh optimizer, gather again
+    optim_state = get_full_optimizer_state_dict(model, optimizer, is_rank_zero=rank == 0)
+    fresh = torch.optim.AdamW(model.parameters(), lr=LR)
+    load_from_full_optimizer_state_dict(model, fresh, optim_state, torch.device("cpu"))  # rank 0's is broadcast
+    reloaded_optim_state = get_full_optimizer_state_dict(model, fresh, is_rank_zero=True)
     with torch.device("meta"):
         uninitialised = TinyDecoder()
     shard_model(uninitialised)
@@ -117,6 +127,8 @@ def _worker(rank, port, full_state_dict, full_decoder_state_dict, result_path):
         torch.save(
             {
                 "state": state,
+                "optim_state": optim_state["state"],
+                "reloaded_optim_state": reloaded_optim_state["state"],
                 "losses": losses,
                 "norms": norms,
                 "local_rows": local_rows,
@@ -127,7 +139,7 @@ def _worker(rank, port, full_state_dict, full_decoder_state_dict, result_path):
             result_path,
         )
     else:
-        assert state == {}
+        assert state == {} and optim_state == {}
     torch.distributed.destroy_process_group()
 
 
@@ -173,7 +185,7 @@ def _decoder():
 
 def _decoder_loss(model, tokens, labels):
     """Mean token loss over the global batch (each rank's scaled share, summed over ranks / world size)."""
-    loss_fn = LinearCrossEntropyLoss(num_output_chunks=2)
+    loss_fn = LinearCrossEntropyLoss(num_output_chunks=2, reduction="sum")
     loss_fn.set_model_output(model)
     loss = loss_fn(model(tokens), labels) * step_loss_scale(num_loss_tokens(labels))
     world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
@@ -185,7 +197,7 @@ def _decoder_loss_sharded(full_state_dict, rank):
     with torch.device("meta"):
         model = _decoder()
     shard_model(model, [TransformerSelfAttentionLayer])
-    load_from_full_model_state_dict(model, full_state_dict)
+    load_from_full_model_state_dict(model, full_state_dict, strict=True)
     tokens, labels = _data()
     rows = slice(2 * rank, 2 * rank + 2)
     return _decoder_loss(model, tokens[rows], labels[rows])
@@ -205,7 +217,7 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
     # the checkpoint lacks layers.1.0 (like LoRA adapters at the start of training)
     full_state_dict = {k: v.clone() for k, v in reference.state_dict().items() if not k.startswith("layers.1.0.")}
     tokens, labels = _data()
-    want_losses, want_norms = _train(reference, tokens, labels)
+    want_losses, want_norms, reference_optimizer = _train(reference, tokens, labels)
 
     result_path = tmp_path / "rank0.pt"
     decoder = _decoder()
@@ -233,6 +245,15 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
     torch.testing.assert_close(got["qlora_output"], qlora.layers[0](x).detach(), atol=1e-5, rtol=0)
     gathered = got["qlora_state"]["layers.0.weight"]
     torch.testing.assert_close(gathered, dequantize(qlora.layers[0].weight), atol=0, rtol=0)
+
+    # optimizer state gathered by parameter name equals the one-process AdamW state, and survives a reload
+    names = [name for name, _ in reference.named_parameters()]
+    for index, state in reference_optimizer.state_dict()["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got["optim_state"][names[index]][key], state[key], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                got["reloaded_optim_state"][names[index]][key], got["optim_state"][names[index]][key]
+            )
 
 
 def test_init_distributed_refuses_nccl_without_cuda():
@@ -263,3 +284,25 @@ def test_init_distributed_outside_torchrun_starts_a_one_process_group(monkeypatc
 def test_all_reduce_sum_is_identity_without_a_process_group():
     value = torch.tensor(7)
     assert all_reduce_sum(value) is value
+
+
+def test_torchtunes_shard_rule_backend_and_meta_check():
+    assert get_shard_conditions("decoder.layers.3", nn.Linear(1, 1))
+    assert not get_shard_conditions("layers.3.attn", nn.Linear(1, 1))
+    assert get_shard_conditions("tok_embeddings", nn.Embedding(2, 2), names_to_match=["tok_embeddings"])
+    assert get_distributed_backend("cpu") == "gloo" and get_distributed_backend("cuda") == "nccl"
+    assert get_distributed_backend("cuda", offload_ops_to_cpu=True) == "cuda:nccl,cpu:gloo"
+    with torch.device("meta"):
+        model = TinyDecoder()
+    with pytest.raises(RuntimeError, match="tok_embeddings.weight is still on the meta device"):
+        validate_no_params_on_meta_device(model)
+    validate_no_params_on_meta_device(TinyDecoder())
+
+
+def test_gather_cpu_state_dict_takes_torchtunes_rank_and_adapter_arguments(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    model = nn.Sequential(LoRALinear(4, 4, rank=2, alpha=4.0))  # unsharded: copied as it is, no collective
+    assert gather_cpu_state_dict(model, is_rank_zero=False) == {}
+    adapter = gather_cpu_state_dict(model, True, None, adapter_weights_only=True)
+    assert sorted(adapter) == ["0.lora_a.weight", "0.lora_b.weight"]
+    assert set(gather_cpu_state_dict(model)) == set(model.state_dict())  # default: rank 0 keeps everything

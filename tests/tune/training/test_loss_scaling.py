@@ -41,7 +41,7 @@ def _batch():
 def _model_and_loss():
     torch.manual_seed(0)
     model = TinyDecoder()  # fp32, as trained
-    loss_fn = LinearCrossEntropyLoss(num_output_chunks=3)
+    loss_fn = LinearCrossEntropyLoss(num_output_chunks=3, reduction="sum")  # summed per micro-batch, then scaled
     loss_fn.set_model_output(model)
     return model, loss_fn
 

@@ -2,6 +2,7 @@
 
 import io
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -12,7 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from tune.training import OptimizerInBackward, get_memory_stats, reset_peak_memory_stats
+from tune.training import (
+    OptimizerInBackward,
+    create_optim_in_bwd_wrapper,
+    get_memory_stats,
+    log_memory_stats,
+    register_optim_in_bwd_hooks,
+    reset_peak_memory_stats,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -137,3 +145,49 @@ def test_configured_cpu_allocator_reuses_freed_blocks_instead_of_faulting_in_new
     # the user's own malloc settings, or TUNE_CPU_ALLOCATOR=0, leave the allocator alone
     assert not _allocator_probe("configured", MALLOC_TRIM_THRESHOLD_="1000000")["changed"]
     assert not _allocator_probe("configured", TUNE_CPU_ALLOCATOR="0")["changed"]
+
+
+def test_torchtunes_optim_in_bwd_hooks_and_wrapper_step_checkpoint_and_schedule():
+    reference, model = _model(), _model()
+    optim_dict = {p: torch.optim.SGD([p], lr=0.1, momentum=0.9) for p in model.parameters() if p.requires_grad}
+    ref_opt = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    register_optim_in_bwd_hooks(model, optim_dict)
+    wrapper = create_optim_in_bwd_wrapper(model, optim_dict)
+    assert set(wrapper.optim_map) == {"0.weight", "2.weight", "2.bias"}
+    # torchtune's pattern: a scheduler on one optimizer, copied to all of them by the wrapper
+    wrapper.set_lr_scheduler(torch.optim.lr_scheduler.StepLR(wrapper.optim_map["0.weight"], step_size=1, gamma=0.5))
+    ref_schedule = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    for step in range(2):
+        _loss(reference, step).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_schedule.step()
+        _loss(model, step).backward()  # each parameter stepped in its hook
+        wrapper.step_lr_scheduler()
+    assert wrapper.get_last_lr() == wrapper.get_optim_key("lr") == optim_dict[model[2].bias].param_groups[0]["lr"]
+    assert wrapper.get_last_lr() == pytest.approx(0.025)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-7, rtol=0, msg=name)
+    saved = wrapper.state_dict()
+    assert "momentum_buffer" in saved["2.weight"]["state"][0]
+    wrapper.load_state_dict(saved)
+    with pytest.raises(RuntimeError, match="missing"):
+        wrapper.load_state_dict({"0.weight": saved["0.weight"]})
+
+
+def test_get_memory_stats_resets_the_peak_by_default_and_logs(caplog):
+    big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    del big
+    with_big = get_memory_stats("cpu", reset_stats=False)["peak_memory_rss"]
+    assert get_memory_stats("cpu", reset_stats=False)["peak_memory_rss"] >= with_big - 1e-6  # kept without reset
+    get_memory_stats("cpu")  # reads, then starts a new window (Linux: /proc/self/clear_refs)
+    if Path("/proc/self/clear_refs").exists():
+        assert get_memory_stats("cpu", reset_stats=False)["peak_memory_rss"] < with_big - 0.03
+    caplog.set_level("INFO", logger="tune")
+    logger = logging.getLogger("tune")
+    logger.addHandler(caplog.handler)
+    try:
+        log_memory_stats({"peak_memory_rss": 1.5}, message="After init:")
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "After init:\n\tpeak memory rss: 1.50 GiB" in caplog.text

@@ -3,16 +3,20 @@
 import importlib.util
 import json
 import sys
+import types
 
 import pytest
 import torch
 
 from tune.training.metric_logging import (
+    CometLogger,
     DiskLogger,
     MetricLoggerInterface,
+    MLFlowLogger,
     StdoutLogger,
     TensorBoardLogger,
     WandBLogger,
+    flatten_dict,
 )
 
 CONFIG = {"model": {"_component_": "tune.models.llama3_2.llama3_2_1b"}, "lr": 3e-4, "layers": [1, 2]}
@@ -27,7 +31,7 @@ def _log_two_steps(logger):
 
 
 def test_every_logger_implements_the_interface():
-    for cls in (StdoutLogger, DiskLogger, TensorBoardLogger, WandBLogger):
+    for cls in (StdoutLogger, DiskLogger, TensorBoardLogger, WandBLogger, CometLogger, MLFlowLogger):
         assert all(callable(getattr(cls, name, None)) for name in ("log", "log_dict", "log_config", "close"))
     assert isinstance(StdoutLogger(), MetricLoggerInterface)
 
@@ -131,3 +135,115 @@ def test_wandb_offline_run_records_locally(tmp_path, monkeypatch):
         if r["type"] == "config":
             config_updates.update(r["config"]["update"])
     assert {k: config_updates[k] for k in CONFIG} == CONFIG
+
+
+class _Recorder:
+    """Stands in for an optional logging package (comet_ml, mlflow): records every call made to it."""
+
+    def __init__(self, calls, prefix=""):
+        self._calls, self._prefix = calls, prefix
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self._calls.append((self._prefix + name, args, kwargs))
+
+        return call
+
+
+def _comet_stand_in(monkeypatch, calls):
+    module = types.ModuleType("comet_ml")
+    module.ExperimentConfig = lambda **kwargs: ("ExperimentConfig", kwargs)
+    module.start = lambda **kwargs: calls.append(("start", (), kwargs)) or _Recorder(calls, "experiment.")
+    monkeypatch.setitem(sys.modules, "comet_ml", module)
+
+
+def test_comet_logger_logs_metrics_config_and_ends(tmp_path, monkeypatch):
+    calls = []
+    _comet_stand_in(monkeypatch, calls)
+    logger = CometLogger(project="p", experiment_name="run", tags=["a"], log_dir="ignored")
+    logger.log_config({**CONFIG, "output_dir": str(tmp_path)})
+    logger.log_dict({"loss": torch.tensor(2.5), "lr": 1e-3}, step=1)
+    logger.log("loss", 1.25, step=2)
+    logger.close()
+    logger.close()
+    names = [name for name, _, _ in calls]
+    assert names == [
+        "start",
+        "experiment.log_parameters",
+        "experiment.log_asset",
+        "experiment.log_metrics",
+        "experiment.log_metric",
+        "experiment.end",
+    ]
+    start = calls[0][2]
+    assert start["project"] == "p"
+    assert start["experiment_config"] == ("ExperimentConfig", {"log_code": True, "tags": ["a"], "name": "run"})
+    assert calls[1][1][0]["model"] == CONFIG["model"]
+    assert (tmp_path / "config.yaml").is_file() and calls[2][1][0] == str(tmp_path / "config.yaml")
+    assert calls[3][1:] == (({"loss": 2.5, "lr": 1e-3},), {"step": 1})  # tensors read as numbers
+    assert calls[4][1:] == (("loss", 1.25), {"step": 2})
+
+
+def test_comet_logger_does_nothing_on_other_ranks(monkeypatch):
+    calls = []
+    _comet_stand_in(monkeypatch, calls)
+    monkeypatch.setenv("RANK", "1")
+    logger = CometLogger()
+    logger.log("loss", 1.0, step=1)
+    logger.close()
+    assert calls == []
+
+
+def test_mlflow_logger_starts_a_run_logs_flat_params_and_ends_it(tmp_path, monkeypatch):
+    calls = []
+    state = {"active": None}
+    run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"))
+    module = types.ModuleType("mlflow")
+    recorder = _Recorder(calls)
+    for name in ("set_tracking_uri", "set_experiment", "log_metric", "log_metrics", "log_params", "log_artifact"):
+        setattr(module, name, getattr(recorder, name))
+    module.is_tracking_uri_set = lambda: False
+    module.active_run = lambda: state["active"]
+    module.start_run = lambda **kwargs: calls.append(("start_run", (), kwargs)) or state.update(active=run) or run
+    module.end_run = lambda: calls.append(("end_run", (), {})) or state.update(active=None)
+    monkeypatch.setitem(sys.modules, "mlflow", module)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+
+    logger = MLFlowLogger(experiment_name="exp", tracking_uri=str(tmp_path / "mlruns"), run_name="first")
+    logger.log_config({**CONFIG, "output_dir": str(tmp_path)})
+    logger.log_dict({"loss": torch.tensor(2.5)}, step=1)
+    logger.log("lr", 1e-3, step=1)
+    logger.close()
+    names = [name for name, _, _ in calls]
+    assert names == [
+        "set_tracking_uri",
+        "set_experiment",
+        "start_run",
+        "log_params",
+        "log_artifact",
+        "log_metrics",
+        "log_metric",
+        "end_run",
+    ]
+    assert calls[2][2] == {"run_id": None, "run_name": "first"}
+    assert calls[3][1][0]["model._component_"] == CONFIG["model"]["_component_"]  # nested keys joined with "."
+    assert calls[5][1:] == (({"loss": 2.5},), {"step": 1, "run_id": "r1"})
+    logger.log("lr", 1e-3, step=2)  # after close: no active run, nothing logged
+    assert len(calls) == 8
+
+
+def test_comet_and_mlflow_missing_name_their_extras(monkeypatch):
+    _hide_module(monkeypatch, "comet_ml")
+    _hide_module(monkeypatch, "mlflow")
+    with pytest.raises(ImportError, match=r"tune\[comet\]"):
+        CometLogger()
+    with pytest.raises(ImportError, match=r"tune\[mlflow\]"):
+        MLFlowLogger()
+
+
+def test_flatten_dict():
+    assert flatten_dict({"a": {"b": 1, "c": {"d": 2}}, "e": [{"f": 3}]}, sep="/") == {
+        "a/b": 1,
+        "a/c/d": 2,
+        "e": [{"f": 3}],
+    }

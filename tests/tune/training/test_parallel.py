@@ -26,6 +26,7 @@ from tune.training import (
     init_distributed,
     load_from_full_model_state_dict,
     num_loss_tokens,
+    prepare_mha_for_tp,
     shard_model,
     step_loss_scale,
     tensor_parallel_size,
@@ -56,7 +57,7 @@ def _train(model: nn.Module) -> list[tuple[float, float]]:
     tokens = torch.randint(0, VOCAB, (2, 12), generator=gen)
     labels = shift_labels(tokens.clone())
     labels[1, 7:] = -100
-    loss_fn = LinearCrossEntropyLoss(num_output_chunks=2)  # calls model.output itself, chunk by chunk
+    loss_fn = LinearCrossEntropyLoss(num_output_chunks=2, reduction="sum")  # calls model.output itself, chunk by chunk
     loss_fn.set_model_output(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
@@ -115,8 +116,8 @@ def _worker(rank: int, store: str, states: dict, result_path: str) -> None:
         apply_tensor_parallel(model, _plan(kind, model), mesh["tp"])
         attn = model.layers[0].attn
         heads = (attn.num_heads, attn.num_kv_heads)  # per rank
-        shard_model(model, [TransformerSelfAttentionLayer], mesh=mesh["dp_shard"])
-        load_from_full_model_state_dict(model, state)
+        shard_model(model, [TransformerSelfAttentionLayer], dp_mesh=mesh["dp_shard"])
+        load_from_full_model_state_dict(model, state, strict=True)
         results[kind] = {"steps": _train(model), "state": gather_cpu_state_dict(model), "heads": heads}
     _check_errors(mesh)
     if rank == 0:
@@ -161,3 +162,22 @@ def test_init_device_mesh_refuses_a_tp_size_that_does_not_divide_the_world():
 
 def test_data_parallel_rank_and_size_without_a_mesh():
     assert data_parallel_rank_and_size(None) == (0, 1) and tensor_parallel_size(None) == 1
+
+
+class _StandInMesh:
+    """A tensor-parallel mesh as prepare_mha_for_tp sees it: only its size."""
+
+    def __init__(self, size):
+        self._size = size
+
+    def size(self):
+        return self._size
+
+
+def test_prepare_mha_for_tp_gives_each_attention_its_per_rank_sizes():
+    model = llama3(**SIZES)  # 4 query heads, 2 kv heads, embed_dim 32
+    prepare_mha_for_tp(model, _StandInMesh(2))
+    sizes = {(m.num_heads, m.num_kv_heads, m.embed_dim) for m in model.modules() if hasattr(m, "num_kv_heads")}
+    assert sizes == {(2, 1, 16)}
+    with pytest.raises(ValueError, match="must divide"):
+        prepare_mha_for_tp(llama3(**SIZES), _StandInMesh(4))  # 2 kv heads over 4 ranks

@@ -357,7 +357,7 @@ def test_chunked_output_loss_runs_as_linear_cross_entropy_with_the_same_value(ti
     reference = F.cross_entropy(logits.reshape(-1, 32), _shift(labels).reshape(-1), ignore_index=IGNORE,
                                 reduction=reduction)  # fmt: skip
 
-    loss_fn = prepare_loss(CEWithChunkedOutputLoss(num_output_chunks=4, reduction=reduction), model)
+    loss_fn = prepare_loss(CEWithChunkedOutputLoss(num_output_chunks=4), model, reduction=reduction)
     assert isinstance(loss_fn, LinearCrossEntropyLoss)
     assert (loss_fn.num_output_chunks, loss_fn.ignore_index, loss_fn.reduction) == (4, IGNORE, reduction)
     assert model.skip_output_layer is True

@@ -7,6 +7,11 @@ from tune.data._tokenizers._chat import (
     resolve_prompt_template,
     select_chat_format,
 )
+from tune.data._tokenizers._compat import (
+    GPT2BaseTokenizer,
+    parse_hf_tokenizer_json,
+    tokenize_messages_no_special_tokens,
+)
 from tune.data._tokenizers._huggingface import HuggingFaceBaseTokenizer, byte_level_bpe_tokenizer, load_byte_level_bpe
 from tune.data._tokenizers._sentencepiece import SentencePieceBaseTokenizer
 from tune.data._tokenizers._tiktoken import TikTokenBaseTokenizer, load_tiktoken_ranks
@@ -14,6 +19,7 @@ from tune.data._tokenizers._utils import TokenizerFileError, TokenizerFileNotFou
 
 __all__ = [
     "ChatTokenizer",
+    "GPT2BaseTokenizer",
     "HuggingFaceBaseTokenizer",
     "PromptTemplate",
     "SentencePieceBaseTokenizer",
@@ -24,8 +30,10 @@ __all__ = [
     "byte_level_bpe_tokenizer",
     "load_byte_level_bpe",
     "load_tiktoken_ranks",
+    "parse_hf_tokenizer_json",
     "read_json_file",
     "resolve_prompt_template",
     "select_chat_format",
+    "tokenize_messages_no_special_tokens",
     "truncate",
 ]

@@ -20,7 +20,7 @@ from typing import Any
 from tune.data._tokenizers._utils import TokenBytes, token_byte_table
 from tune.utils import get_logger
 
-_log = get_logger(__name__)
+_log = get_logger(name=__name__)
 
 # The engine's first texts are also encoded with ``tokenizers`` to check it, then one text in every CHECK_EVERY.
 CHECKED_TEXTS = 32

@@ -1,14 +1,18 @@
 """A model tokenizer: a text tokenizer plus the family's chat format, producing tokens and an exact loss mask."""
 
+import functools
 import importlib
 import operator
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from tune.data._chat_formats import ChatFormat, Segment, validate_messages
+from tune.data._chat_formats import ChatFormat, Segment, check_messages
 from tune.data._messages import Message
+from tune.data._prompt_templates import PromptTemplate as RoleTemplate
 from tune.data._tokenizers._utils import FlatEncoding, truncate
 
+# A template's type as builders annotate it: anything that takes a conversation and returns the templated one
+# (tune.data.PromptTemplate and its subclasses are such callables).
 PromptTemplate = Callable[[list[Message]], list[Message]]
 
 
@@ -30,14 +34,22 @@ class TextTokenizer(Protocol):
     ) -> list[tuple[list[int], list[bool]]]: ...
 
 
-def resolve_prompt_template(prompt_template: "PromptTemplate | str | None") -> PromptTemplate | None:
-    """A callable, or a dotted path ``"package.module.name"`` to one, applied to messages before rendering.
+def resolve_prompt_template(prompt_template: "PromptTemplate | dict | str | None") -> PromptTemplate | None:
+    """The prompt template a tokenizer applies to messages before rendering, from what a builder was given:
+
+    - None: no template;
+    - a callable taking and returning a list of Message (a :class:`~tune.data.PromptTemplate`, a function);
+    - a dict of role -> ``(prepend, append)``: a :class:`~tune.data.PromptTemplate` of it;
+    - a dotted path ``"package.module.Name"``: a template class (or factory) there is instantiated with no
+      arguments, as torchtune does (``"tune.data.QuestionAnswerTemplate"``); a function there is used as is.
 
     Raises:
-        ValueError: if a dotted path cannot be imported or does not name a callable.
+        ValueError: if a dotted path cannot be imported or does not name a callable, or for any other value.
     """
     if prompt_template is None or callable(prompt_template):
         return prompt_template
+    if isinstance(prompt_template, Mapping):
+        return RoleTemplate(prompt_template)
     if isinstance(prompt_template, str) and "." in prompt_template:
         module_name, _, attr = prompt_template.rpartition(".")
         try:
@@ -45,10 +57,10 @@ def resolve_prompt_template(prompt_template: "PromptTemplate | str | None") -> P
         except (ImportError, AttributeError) as e:
             raise ValueError(f"prompt_template {prompt_template!r} could not be imported: {e}") from e
         if callable(obj):
-            return obj() if isinstance(obj, type) else obj
+            return obj() if isinstance(obj, (type, functools.partial)) else obj
     raise ValueError(
-        f"prompt_template must be a callable taking and returning a list of Message, or a dotted path to one; "
-        f"got {prompt_template!r}."
+        f"prompt_template must be a callable taking and returning a list of Message, a dict of role -> "
+        f"(prepend, append) text, or a dotted path to a template class; got {prompt_template!r}."
     )
 
 
@@ -144,9 +156,9 @@ class ChatTokenizer:
 
     def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
         """The chat format's segments for ``messages`` (after validation and the prompt template)."""
-        messages = validate_messages(messages, self.chat_format)
+        messages = check_messages(messages, self.chat_format)
         if self.prompt_template is not None:
-            messages = validate_messages(self.prompt_template(messages), self.chat_format)
+            messages = check_messages(self.prompt_template(messages), self.chat_format)
         return self.chat_format.render(messages, add_end_tokens=add_end_tokens)
 
     def tokenize_messages(

@@ -12,7 +12,7 @@ import importlib
 # the family this package forwards to; read by tune.registry, which registers no family for an alias package
 ALIAS_OF = "gemma2"
 
-__all__ = ["gemma_tokenizer"]
+__all__ = ["GemmaTokenizer", "gemma_tokenizer"]
 
 
 def __getattr__(name: str):

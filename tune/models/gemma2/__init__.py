@@ -15,7 +15,7 @@ from tune.models.gemma2._model_builders import (
     qlora_gemma2_9b,
     qlora_gemma2_27b,
 )
-from tune.models.gemma2._tokenizer import gemma2_tokenizer, gemma_tokenizer
+from tune.models.gemma2._tokenizer import GemmaTokenizer, gemma2_tokenizer, gemma_tokenizer
 from tune.registry import ModelFamily
 
 FAMILY = ModelFamily(
@@ -30,6 +30,7 @@ FAMILY = ModelFamily(
 )
 
 __all__ = [
+    "GemmaTokenizer",
     "gemma2",
     "gemma2_27b",
     "gemma2_2b",

@@ -10,12 +10,12 @@ def gemma2(
     vocab_size: int,
     num_layers: int,
     num_heads: int,
+    head_dim: int,
     num_kv_heads: int,
     embed_dim: int,
-    max_seq_len: int,
     intermediate_dim: int,
+    max_seq_len: int,
     attn_dropout: float = 0.0,
-    head_dim: int = 256,
     norm_eps: float = 1e-6,
     rope_base: float = 10_000.0,
     hidden_capping_value: float | None = 50.0,
@@ -29,12 +29,12 @@ def gemma2(
         vocab_size (int): tokens in the vocabulary.
         num_layers (int): transformer layers.
         num_heads (int): query heads.
+        head_dim (int): features per head (256 in the released sizes, not embed_dim // num_heads).
         num_kv_heads (int): key/value heads (fewer than num_heads for grouped-query attention).
         embed_dim (int): model width.
-        max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
         intermediate_dim (int): feed-forward hidden width.
+        max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
         attn_dropout (float): attention dropout. Default 0.0.
-        head_dim (int): features per head. Default 256.
         norm_eps (float): RMSNorm epsilon. Default 1e-6.
         rope_base (float): RoPE theta. Default 10000.
         hidden_capping_value (float | None): attention-logit soft-cap. Default 50.
@@ -73,17 +73,16 @@ def gemma2(
 def lora_gemma2(
     lora_attn_modules: Sequence[str],
     apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
     *,
     vocab_size: int,
     num_layers: int,
     num_heads: int,
+    head_dim: int,
     num_kv_heads: int,
     embed_dim: int,
-    max_seq_len: int,
     intermediate_dim: int,
+    max_seq_len: int,
     attn_dropout: float = 0.0,
-    head_dim: int = 256,
     norm_eps: float = 1e-6,
     rope_base: float = 10_000.0,
     hidden_capping_value: float | None = 50.0,
@@ -95,6 +94,7 @@ def lora_gemma2(
     lora_dropout: float = 0.0,
     use_dora: bool = False,
     quantize_base: bool = False,
+    apply_lora_to_output: bool = False,
 ) -> TransformerDecoder:
     """:func:`gemma2` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
@@ -102,15 +102,16 @@ def lora_gemma2(
         lora_attn_modules (Sequence[str]): attention projections to adapt, from
             ``q_proj, k_proj, v_proj, output_proj``.
         apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
-        apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, max_seq_len, intermediate_dim, attn_dropout,
-            head_dim, norm_eps, rope_base, hidden_capping_value, final_capping_value, sliding_window_size,
+        vocab_size, num_layers, num_heads, head_dim, num_kv_heads, embed_dim, intermediate_dim, max_seq_len,
+            attn_dropout, norm_eps, rope_base, hidden_capping_value, final_capping_value, sliding_window_size,
             query_pre_attn_scalar: as in :func:`gemma2`.
         lora_rank (int): adapter rank. Default 8.
         lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
         lora_dropout (float): dropout on the adapter input. Default 0.0.
         use_dora (bool): DoRA instead of LoRA. Default False.
         quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
+        apply_lora_to_output (bool): only False is accepted: Gemma 2 ties its output projection to the token
+            embeddings (torchtune's builder has no such argument; kept for configs that pass it). Default False.
 
     Returns:
         TransformerDecoder: the model; only adapter parameters are meant to be trained.

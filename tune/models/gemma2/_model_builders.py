@@ -39,18 +39,18 @@ def gemma2_2b() -> TransformerDecoder:
 def lora_gemma2_2b(
     lora_attn_modules: Sequence[str],
     apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
     lora_rank: int = 8,
     lora_alpha: float = 16.0,
     lora_dropout: float = 0.0,
     use_dora: bool = False,
     quantize_base: bool = False,
+    apply_lora_to_output: bool = False,
 ) -> TransformerDecoder:
     """Gemma 2 2B with fresh LoRA adapters (:func:`lora_gemma2` at this size).
 
     Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_gemma2`.
+        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
+            apply_lora_to_output: as in :func:`lora_gemma2`.
     """
     return lora_gemma2(**locals(), **MODEL_SIZES["gemma2_2b"].dims)
 
@@ -66,18 +66,18 @@ def gemma2_9b() -> TransformerDecoder:
 def lora_gemma2_9b(
     lora_attn_modules: Sequence[str],
     apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
     lora_rank: int = 8,
     lora_alpha: float = 16.0,
     lora_dropout: float = 0.0,
     use_dora: bool = False,
     quantize_base: bool = False,
+    apply_lora_to_output: bool = False,
 ) -> TransformerDecoder:
     """Gemma 2 9B with fresh LoRA adapters (:func:`lora_gemma2` at this size).
 
     Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_gemma2`.
+        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
+            apply_lora_to_output: as in :func:`lora_gemma2`.
     """
     return lora_gemma2(**locals(), **MODEL_SIZES["gemma2_9b"].dims)
 
@@ -93,18 +93,18 @@ def gemma2_27b() -> TransformerDecoder:
 def lora_gemma2_27b(
     lora_attn_modules: Sequence[str],
     apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
     lora_rank: int = 8,
     lora_alpha: float = 16.0,
     lora_dropout: float = 0.0,
     use_dora: bool = False,
     quantize_base: bool = False,
+    apply_lora_to_output: bool = False,
 ) -> TransformerDecoder:
     """Gemma 2 27B with fresh LoRA adapters (:func:`lora_gemma2` at this size).
 
     Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_gemma2`.
+        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
+            apply_lora_to_output: as in :func:`lora_gemma2`.
     """
     return lora_gemma2(**locals(), **MODEL_SIZES["gemma2_27b"].dims)
 

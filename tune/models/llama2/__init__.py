@@ -3,20 +3,24 @@
 from tune.models._family import family_builders
 from tune.models._parallel import base_llama_tp_plan
 from tune.models.llama2 import _component_builders, _model_builders
-from tune.models.llama2._component_builders import llama2, lora_llama2
+from tune.models.llama2._component_builders import llama2, llama2_classifier, lora_llama2, lora_llama2_classifier
 from tune.models.llama2._convert_weights import llama_from_hf_config, llama_hf_to_tune, llama_tune_to_hf
 from tune.models.llama2._model_builders import (
     llama2_7b,
     llama2_13b,
     llama2_70b,
+    llama2_reward_7b,
     lora_llama2_7b,
     lora_llama2_13b,
     lora_llama2_70b,
+    lora_llama2_reward_7b,
     qlora_llama2_7b,
     qlora_llama2_13b,
     qlora_llama2_70b,
+    qlora_llama2_reward_7b,
 )
-from tune.models.llama2._tokenizer import llama2_tokenizer
+from tune.models.llama2._prompt_template import Llama2ChatTemplate
+from tune.models.llama2._tokenizer import Llama2Tokenizer, llama2_tokenizer
 from tune.registry import ModelFamily
 
 FAMILY = ModelFamily(
@@ -32,6 +36,13 @@ FAMILY = ModelFamily(
 )
 
 __all__ = [
+    "llama2_classifier",
+    "llama2_reward_7b",
+    "lora_llama2_classifier",
+    "lora_llama2_reward_7b",
+    "qlora_llama2_reward_7b",
+    "Llama2ChatTemplate",
+    "Llama2Tokenizer",
     "llama2",
     "llama2_13b",
     "llama2_70b",

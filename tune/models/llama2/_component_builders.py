@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import build_decoder, llama_intermediate_dim, lora_spec
 from tune.modules import TransformerDecoder
 
 
@@ -13,8 +13,8 @@ def llama2(
     num_kv_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    intermediate_dim: int,
     attn_dropout: float = 0.0,
+    intermediate_dim: int | None = None,
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
 ) -> TransformerDecoder:
@@ -27,8 +27,9 @@ def llama2(
         num_kv_heads (int): key/value heads (== num_heads for MHA; fewer for GQA as in 70B).
         embed_dim (int): model width.
         max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
-        intermediate_dim (int): feed-forward hidden width.
         attn_dropout (float): attention dropout. Default 0.0.
+        intermediate_dim (int | None): feed-forward hidden width; None: ``llama_intermediate_dim(embed_dim)``.
+            Default None.
         norm_eps (float): RMSNorm epsilon. Default 1e-5.
         rope_base (float): RoPE theta. Default 10000.
 
@@ -41,7 +42,7 @@ def llama2(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
         max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,
@@ -60,7 +61,7 @@ def lora_llama2(
     num_kv_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    intermediate_dim: int,
+    intermediate_dim: int | None = None,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
@@ -97,11 +98,113 @@ def lora_llama2(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
         max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,
         rope_base=rope_base,
+        lora=lora_spec(
+            lora_attn_modules,
+            apply_lora_to_mlp,
+            apply_lora_to_output,
+            lora_rank,
+            lora_alpha,
+            lora_dropout,
+            use_dora,
+            quantize_base,
+        ),
+    )
+
+
+def llama2_classifier(
+    num_classes: int,
+    *,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    attn_dropout: float = 0.0,
+    intermediate_dim: int | None = None,
+    norm_eps: float = 1e-5,
+) -> TransformerDecoder:
+    """:func:`llama2` whose output projection scores ``num_classes`` classes instead of the vocabulary.
+
+    The model returns ``[b, s, num_classes]``: a score at every position, as the ``score`` head of transformers'
+    ``LlamaForSequenceClassification`` computes before picking the last non-padding position. A reward model is
+    this with ``num_classes=1``.
+
+    Args:
+        num_classes (int): outputs per position.
+        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, max_seq_len, attn_dropout, intermediate_dim,
+            norm_eps: as in :func:`llama2` (RoPE theta is Llama 2's 10000).
+
+    Returns:
+        TransformerDecoder: the model, randomly initialised.
+    """
+    return build_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        output_dim=num_classes,
+    )
+
+
+def lora_llama2_classifier(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    *,
+    num_classes: int,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    intermediate_dim: int | None = None,
+    attn_dropout: float = 0.0,
+    norm_eps: float = 1e-5,
+    lora_rank: int,
+    lora_alpha: float,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+) -> TransformerDecoder:
+    """:func:`llama2_classifier` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
+
+    Args:
+        lora_attn_modules, apply_lora_to_mlp, lora_dropout, use_dora, quantize_base: as in :func:`lora_llama2`.
+        apply_lora_to_output (bool): adapt the classification head. Default False.
+        num_classes, vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, max_seq_len, intermediate_dim,
+            attn_dropout, norm_eps: as in :func:`llama2_classifier`.
+        lora_rank (int): adapter rank.
+        lora_alpha (float): adapter scale numerator (scale = alpha / rank).
+
+    Returns:
+        TransformerDecoder: the model; only adapter parameters are meant to be trained.
+
+    Raises:
+        ValueError: for an unknown module in ``lora_attn_modules``.
+    """
+    return build_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        output_dim=num_classes,
         lora=lora_spec(
             lora_attn_modules,
             apply_lora_to_mlp,

@@ -9,7 +9,7 @@
 from collections.abc import Sequence
 
 from tune.models._common import ModelSize, qlora_builder
-from tune.models.llama2._component_builders import llama2, lora_llama2
+from tune.models.llama2._component_builders import llama2, llama2_classifier, lora_llama2, lora_llama2_classifier
 from tune.modules import TransformerDecoder
 
 # One size per row (kept as written: the formatter would give every argument a line of its own).
@@ -107,3 +107,36 @@ def lora_llama2_70b(
 
 
 qlora_llama2_70b = qlora_builder(lora_llama2_70b)
+
+
+def _reward_7b_dims() -> dict:
+    # the 7B row without rope_base (the classifier builders use Llama 2's 10000, as the row does)
+    return {key: value for key, value in MODEL_SIZES["llama2_7b"].dims.items() if key != "rope_base"}
+
+
+def llama2_reward_7b() -> TransformerDecoder:
+    """Llama 2 7B with a one-output head (:func:`llama2_classifier` with ``num_classes=1``): a reward model, whose
+    output at a sequence's last token is its score. Randomly initialised."""
+    return llama2_classifier(num_classes=1, **_reward_7b_dims())
+
+
+def lora_llama2_reward_7b(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+) -> TransformerDecoder:
+    """:func:`llama2_reward_7b` with fresh LoRA adapters (:func:`lora_llama2_classifier` at this size).
+
+    Args:
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_llama2_classifier`.
+    """
+    return lora_llama2_classifier(**locals(), num_classes=1, **_reward_7b_dims())
+
+
+qlora_llama2_reward_7b = qlora_builder(lora_llama2_reward_7b)

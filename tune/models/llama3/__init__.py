@@ -13,7 +13,7 @@ from tune.models.llama3._model_builders import (
     qlora_llama3_8b,
     qlora_llama3_70b,
 )
-from tune.models.llama3._tokenizer import llama3_special_tokens, llama3_tokenizer
+from tune.models.llama3._tokenizer import Llama3Tokenizer, llama3_special_tokens, llama3_tokenizer
 from tune.registry import ModelFamily
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -32,6 +32,7 @@ FAMILY = ModelFamily(
 )
 
 __all__ = [
+    "Llama3Tokenizer",
     "base_llama_tp_plan",
     "llama3",
     "llama3_70b",

@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import build_decoder, llama_intermediate_dim, lora_spec
 from tune.modules import TransformerDecoder
 
 
@@ -13,10 +13,10 @@ def llama3(
     num_kv_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    intermediate_dim: int,
     attn_dropout: float = 0.0,
-    norm_eps: float = 1e-5,
     rope_base: float = 500_000.0,
+    intermediate_dim: int | None = None,
+    norm_eps: float = 1e-5,
 ) -> TransformerDecoder:
     """A Llama 3 decoder (Grattafiori et al., 2024, https://arxiv.org/abs/2407.21783).
 
@@ -27,10 +27,11 @@ def llama3(
         num_kv_heads (int): key/value heads (fewer than num_heads for grouped-query attention).
         embed_dim (int): model width.
         max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
-        intermediate_dim (int): feed-forward hidden width.
         attn_dropout (float): attention dropout. Default 0.0.
-        norm_eps (float): RMSNorm epsilon. Default 1e-5.
         rope_base (float): RoPE theta. Default 500000.
+        intermediate_dim (int | None): feed-forward hidden width; None: ``llama_intermediate_dim(embed_dim)``.
+            Default None.
+        norm_eps (float): RMSNorm epsilon. Default 1e-5.
 
     Returns:
         TransformerDecoder: the model, randomly initialised.
@@ -41,7 +42,7 @@ def llama3(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
         max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,
@@ -60,7 +61,7 @@ def lora_llama3(
     num_kv_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    intermediate_dim: int,
+    intermediate_dim: int | None = None,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
     rope_base: float = 500_000.0,
@@ -97,7 +98,7 @@ def lora_llama3(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
         max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,

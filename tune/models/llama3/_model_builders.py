@@ -37,14 +37,14 @@ def lora_llama3_8b(
     lora_rank: int = 8,
     lora_alpha: float = 16.0,
     lora_dropout: float = 0.0,
-    use_dora: bool = False,
     quantize_base: bool = False,
+    use_dora: bool = False,
 ) -> TransformerDecoder:
     """Llama 3 8B with fresh LoRA adapters (:func:`lora_llama3` at this size).
 
     Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama3`.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout,
+            quantize_base, use_dora: as in :func:`lora_llama3` (torchtune's order: quantize_base before use_dora).
     """
     return lora_llama3(**locals(), **MODEL_SIZES["llama3_8b"].dims)
 
@@ -64,14 +64,14 @@ def lora_llama3_70b(
     lora_rank: int = 8,
     lora_alpha: float = 16.0,
     lora_dropout: float = 0.0,
-    use_dora: bool = False,
     quantize_base: bool = False,
+    use_dora: bool = False,
 ) -> TransformerDecoder:
     """Llama 3 70B with fresh LoRA adapters (:func:`lora_llama3` at this size).
 
     Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama3`.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout,
+            quantize_base, use_dora: as in :func:`lora_llama3` (torchtune's order: quantize_base before use_dora).
     """
     return lora_llama3(**locals(), **MODEL_SIZES["llama3_70b"].dims)
 

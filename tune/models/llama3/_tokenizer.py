@@ -63,7 +63,7 @@ def _read_special_tokens(path: str) -> dict[str, int]:
 
 
 def _text_tokenizer(
-    path: str, special_tokens_path: str | None
+    path: str, special_tokens: "dict[str, int] | None"
 ) -> "tuple[TikTokenBaseTokenizer | HuggingFaceBaseTokenizer, dict[str, int]]":
     """The text tokenizer for ``path`` (tiktoken file, or tokenizer.json) and its special tokens."""
     file = Path(path).expanduser()
@@ -71,7 +71,7 @@ def _text_tokenizer(
         text = HuggingFaceBaseTokenizer(file)
         return text, {token: text.token_id(token) for token in _NAMED_SPECIAL_OFFSETS}
     ranks = load_tiktoken_ranks(path)
-    special = _read_special_tokens(special_tokens_path) if special_tokens_path else llama3_special_tokens(len(ranks))
+    special = dict(special_tokens) if special_tokens else llama3_special_tokens(len(ranks))
     text = TikTokenBaseTokenizer(
         path,
         name="llama3",
@@ -84,12 +84,49 @@ def _text_tokenizer(
     return text, special
 
 
+class Llama3Tokenizer(ChatTokenizer):
+    """The Llama 3 tokenizer (torchtune's class; :func:`llama3_tokenizer` returns one).
+
+    Args:
+        path (str): ``tokenizer.model`` (tiktoken BPE file; ``original/tokenizer.model`` in Hugging Face repos),
+            or the repository's ``tokenizer.json`` (or its directory), which encodes the same way.
+        special_tokens (dict[str, int] | None): special token -> id, replacing the built-in ones (with a
+            ``tokenizer.model``). Default None: Llama 3's.
+        max_seq_len (int | None): conversations are truncated to this many tokens when set.
+        prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
+
+    Raises:
+        FileNotFoundError: if a file does not exist.
+        ValueError: for a malformed file.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        special_tokens: "dict[str, int] | None" = None,
+        max_seq_len: int | None = None,
+        prompt_template: "PromptTemplate | str | None" = None,
+    ) -> None:
+        text, special = _text_tokenizer(path, special_tokens)
+        super().__init__(
+            text,
+            Llama3ChatFormat(),
+            bos_id=special["<|begin_of_text|>"],
+            eos_id=special["<|end_of_text|>"],
+            pad_id=special["<|finetune_right_pad_id|>"],
+            stop_tokens=[special["<|end_of_text|>"], special["<|eom_id|>"], special["<|eot_id|>"]],
+            special_tokens=special,
+            max_seq_len=max_seq_len,
+            prompt_template=prompt_template,
+        )
+
+
 def llama3_tokenizer(
     path: str,
     special_tokens_path: str | None = None,
     max_seq_len: int | None = None,
     prompt_template: "PromptTemplate | str | None" = None,
-) -> ChatTokenizer:
+) -> Llama3Tokenizer:
     """The Llama 3 tokenizer with the header-token chat format of ``meta-llama/Meta-Llama-3-8B-Instruct``.
 
     Args:
@@ -101,22 +138,12 @@ def llama3_tokenizer(
         prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
 
     Returns:
-        ChatTokenizer: BOS ``<|begin_of_text|>``, EOS ``<|end_of_text|>``, pad ``<|finetune_right_pad_id|>``,
+        Llama3Tokenizer: BOS ``<|begin_of_text|>``, EOS ``<|end_of_text|>``, pad ``<|finetune_right_pad_id|>``,
         stop tokens ``[<|end_of_text|>, <|eom_id|>, <|eot_id|>]``.
 
     Raises:
         FileNotFoundError: if a file does not exist.
         ValueError: for a malformed file.
     """
-    text, special = _text_tokenizer(path, special_tokens_path)
-    return ChatTokenizer(
-        text,
-        Llama3ChatFormat(),
-        bos_id=special["<|begin_of_text|>"],
-        eos_id=special["<|end_of_text|>"],
-        pad_id=special["<|finetune_right_pad_id|>"],
-        stop_tokens=[special["<|end_of_text|>"], special["<|eom_id|>"], special["<|eot_id|>"]],
-        special_tokens=special,
-        max_seq_len=max_seq_len,
-        prompt_template=prompt_template,
-    )
+    special = _read_special_tokens(special_tokens_path) if special_tokens_path else None
+    return Llama3Tokenizer(path, special, max_seq_len, prompt_template)

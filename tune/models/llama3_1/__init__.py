@@ -17,6 +17,7 @@ from tune.models.llama3_1._model_builders import (
     qlora_llama3_1_70b,
     qlora_llama3_1_405b,
 )
+from tune.models.llama3_1._position_embeddings import Llama3ScaledRoPE
 from tune.registry import ModelFamily
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
@@ -35,6 +36,7 @@ FAMILY = ModelFamily(
 )
 
 __all__ = [
+    "Llama3ScaledRoPE",
     "llama3_1",
     "llama3_1_405b",
     "llama3_1_70b",

@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import build_decoder, llama_intermediate_dim, lora_spec
 from tune.modules import TransformerDecoder
 
 
@@ -13,10 +13,10 @@ def llama3_1(
     num_kv_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    intermediate_dim: int,
     attn_dropout: float = 0.0,
-    norm_eps: float = 1e-5,
     rope_base: float = 500_000.0,
+    intermediate_dim: int | None = None,
+    norm_eps: float = 1e-5,
     scale_factor: float = 8.0,
     low_freq_factor: float = 1.0,
     high_freq_factor: float = 4.0,
@@ -31,10 +31,11 @@ def llama3_1(
         num_kv_heads (int): key/value heads (fewer than num_heads for grouped-query attention).
         embed_dim (int): model width.
         max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
-        intermediate_dim (int): feed-forward hidden width.
         attn_dropout (float): attention dropout. Default 0.0.
-        norm_eps (float): RMSNorm epsilon. Default 1e-5.
         rope_base (float): RoPE theta. Default 500000.
+        intermediate_dim (int | None): feed-forward hidden width; None: ``llama_intermediate_dim(embed_dim)``.
+            Default None.
+        norm_eps (float): RMSNorm epsilon. Default 1e-5.
         scale_factor (float): Llama 3.1 RoPE scaling factor (see ``Llama3ScaledRoPE``). Default 8.
         low_freq_factor (float): RoPE scaling low-frequency factor. Default 1.
         high_freq_factor (float): RoPE scaling high-frequency factor. Default 4.
@@ -49,7 +50,7 @@ def llama3_1(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
         max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,
@@ -74,7 +75,7 @@ def lora_llama3_1(
     num_kv_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    intermediate_dim: int,
+    intermediate_dim: int | None = None,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
     rope_base: float = 500_000.0,
@@ -116,7 +117,7 @@ def lora_llama3_1(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
         max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,

@@ -95,14 +95,15 @@ def lora_llama3_1_405b(
     lora_rank: int = 8,
     lora_alpha: float = 16.0,
     lora_dropout: float = 0.0,
-    use_dora: bool = False,
     quantize_base: bool = False,
+    use_dora: bool = False,
 ) -> TransformerDecoder:
     """Llama 3.1 405B with fresh LoRA adapters (:func:`lora_llama3_1` at this size).
 
     Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama3_1`.
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout,
+            quantize_base, use_dora: as in :func:`lora_llama3_1` (torchtune's builder has no use_dora; here it
+            comes last).
     """
     return lora_llama3_1(**locals(), **MODEL_SIZES["llama3_1_405b"].dims)
 

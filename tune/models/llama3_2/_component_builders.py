@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import build_decoder, llama_intermediate_dim, lora_spec
 from tune.modules import TransformerDecoder
 
 
@@ -13,10 +13,10 @@ def llama3_2(
     num_kv_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    intermediate_dim: int,
     attn_dropout: float = 0.0,
-    norm_eps: float = 1e-5,
     rope_base: float = 500_000.0,
+    intermediate_dim: int | None = None,
+    norm_eps: float = 1e-5,
     scale_factor: float = 32.0,
     tie_word_embeddings: bool = True,
 ) -> TransformerDecoder:
@@ -29,10 +29,11 @@ def llama3_2(
         num_kv_heads (int): key/value heads (fewer than num_heads for grouped-query attention).
         embed_dim (int): model width.
         max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
-        intermediate_dim (int): feed-forward hidden width.
         attn_dropout (float): attention dropout. Default 0.0.
-        norm_eps (float): RMSNorm epsilon. Default 1e-5.
         rope_base (float): RoPE theta. Default 500000.
+        intermediate_dim (int | None): feed-forward hidden width; None: ``llama_intermediate_dim(embed_dim)``.
+            Default None.
+        norm_eps (float): RMSNorm epsilon. Default 1e-5.
         scale_factor (float): Llama 3.1-style RoPE scaling factor (32 for Llama 3.2). Default 32.
         tie_word_embeddings (bool): the output projection reuses the token embeddings. Default True.
 
@@ -45,7 +46,7 @@ def llama3_2(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
         max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,
@@ -66,7 +67,7 @@ def lora_llama3_2(
     num_kv_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    intermediate_dim: int,
+    intermediate_dim: int | None = None,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
     rope_base: float = 500_000.0,
@@ -105,7 +106,7 @@ def lora_llama3_2(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
         max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,

@@ -25,9 +25,13 @@ MODEL_SIZES: dict[str, ModelSize] = {
 # fmt: on
 
 
-def llama3_2_1b() -> TransformerDecoder:
-    """Llama 3.2 1B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
-    return llama3_2(**MODEL_SIZES["llama3_2_1b"].dims)
+def llama3_2_1b(tie_word_embeddings: bool = True) -> TransformerDecoder:
+    """Llama 3.2 1B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``).
+
+    Args:
+        tie_word_embeddings (bool): the output projection reuses the token embeddings, as released. Default True.
+    """
+    return llama3_2(**{**MODEL_SIZES["llama3_2_1b"].dims, "tie_word_embeddings": tie_word_embeddings})
 
 
 def lora_llama3_2_1b(
@@ -39,22 +43,27 @@ def lora_llama3_2_1b(
     lora_dropout: float = 0.0,
     use_dora: bool = False,
     quantize_base: bool = False,
+    tie_word_embeddings: bool = True,
 ) -> TransformerDecoder:
     """Llama 3.2 1B with fresh LoRA adapters (:func:`lora_llama3_2` at this size).
 
     Args:
         lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama3_2`.
+            quantize_base, tie_word_embeddings: as in :func:`lora_llama3_2`.
     """
-    return lora_llama3_2(**locals(), **MODEL_SIZES["llama3_2_1b"].dims)
+    return lora_llama3_2(**{**MODEL_SIZES["llama3_2_1b"].dims, **locals()})
 
 
 qlora_llama3_2_1b = qlora_builder(lora_llama3_2_1b)
 
 
-def llama3_2_3b() -> TransformerDecoder:
-    """Llama 3.2 3B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
-    return llama3_2(**MODEL_SIZES["llama3_2_3b"].dims)
+def llama3_2_3b(tie_word_embeddings: bool = True) -> TransformerDecoder:
+    """Llama 3.2 3B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``).
+
+    Args:
+        tie_word_embeddings (bool): the output projection reuses the token embeddings, as released. Default True.
+    """
+    return llama3_2(**{**MODEL_SIZES["llama3_2_3b"].dims, "tie_word_embeddings": tie_word_embeddings})
 
 
 def lora_llama3_2_3b(
@@ -66,14 +75,15 @@ def lora_llama3_2_3b(
     lora_dropout: float = 0.0,
     use_dora: bool = False,
     quantize_base: bool = False,
+    tie_word_embeddings: bool = True,
 ) -> TransformerDecoder:
     """Llama 3.2 3B with fresh LoRA adapters (:func:`lora_llama3_2` at this size).
 
     Args:
         lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama3_2`.
+            quantize_base, tie_word_embeddings: as in :func:`lora_llama3_2`.
     """
-    return lora_llama3_2(**locals(), **MODEL_SIZES["llama3_2_3b"].dims)
+    return lora_llama3_2(**{**MODEL_SIZES["llama3_2_3b"].dims, **locals()})
 
 
 qlora_llama3_2_3b = qlora_builder(lora_llama3_2_3b)

@@ -3,10 +3,18 @@
 from tune.models._family import family_builders
 from tune.models._parallel import base_llama_tp_plan
 from tune.models.mistral import _component_builders, _model_builders
-from tune.models.mistral._component_builders import lora_mistral, mistral
+from tune.models.mistral._component_builders import lora_mistral, lora_mistral_classifier, mistral, mistral_classifier
 from tune.models.mistral._convert_weights import mistral_from_hf_config, mistral_hf_to_tune, mistral_tune_to_hf
-from tune.models.mistral._model_builders import lora_mistral_7b, mistral_7b, qlora_mistral_7b
-from tune.models.mistral._tokenizer import mistral_tokenizer
+from tune.models.mistral._model_builders import (
+    lora_mistral_7b,
+    lora_mistral_reward_7b,
+    mistral_7b,
+    mistral_reward_7b,
+    qlora_mistral_7b,
+    qlora_mistral_reward_7b,
+)
+from tune.models.mistral._prompt_template import MistralChatTemplate
+from tune.models.mistral._tokenizer import MistralTokenizer, mistral_tokenizer
 from tune.registry import ModelFamily
 
 FAMILY = ModelFamily(
@@ -22,6 +30,13 @@ FAMILY = ModelFamily(
 )
 
 __all__ = [
+    "lora_mistral_classifier",
+    "lora_mistral_reward_7b",
+    "mistral_classifier",
+    "mistral_reward_7b",
+    "qlora_mistral_reward_7b",
+    "MistralChatTemplate",
+    "MistralTokenizer",
     "lora_mistral",
     "lora_mistral_7b",
     "mistral",

@@ -12,8 +12,8 @@ def mistral(
     num_heads: int,
     num_kv_heads: int,
     embed_dim: int,
-    max_seq_len: int,
     intermediate_dim: int,
+    max_seq_len: int,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
@@ -27,8 +27,8 @@ def mistral(
         num_heads (int): query heads.
         num_kv_heads (int): key/value heads (fewer than num_heads for grouped-query attention).
         embed_dim (int): model width.
-        max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
         intermediate_dim (int): feed-forward hidden width.
+        max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
         attn_dropout (float): attention dropout. Default 0.0.
         norm_eps (float): RMSNorm epsilon. Default 1e-5.
         rope_base (float): RoPE theta. Default 10000.
@@ -63,8 +63,8 @@ def lora_mistral(
     num_heads: int,
     num_kv_heads: int,
     embed_dim: int,
-    max_seq_len: int,
     intermediate_dim: int,
+    max_seq_len: int,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
@@ -82,7 +82,7 @@ def lora_mistral(
             ``q_proj, k_proj, v_proj, output_proj``.
         apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
         apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, max_seq_len, intermediate_dim, attn_dropout,
+        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, intermediate_dim, max_seq_len, attn_dropout,
             norm_eps, rope_base, sliding_window: as in :func:`mistral`.
         lora_rank (int): adapter rank. Default 8.
         lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
@@ -108,6 +108,116 @@ def lora_mistral(
         norm_eps=norm_eps,
         rope_base=rope_base,
         sliding_windows=[sliding_window] * num_layers,
+        lora=lora_spec(
+            lora_attn_modules,
+            apply_lora_to_mlp,
+            apply_lora_to_output,
+            lora_rank,
+            lora_alpha,
+            lora_dropout,
+            use_dora,
+            quantize_base,
+        ),
+    )
+
+
+def mistral_classifier(
+    num_classes: int,
+    *,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    intermediate_dim: int,
+    max_seq_len: int,
+    attn_dropout: float = 0.0,
+    norm_eps: float = 1e-5,
+    rope_base: float = 10_000.0,
+    sliding_window: int | None = None,
+) -> TransformerDecoder:
+    """:func:`mistral` whose output projection scores ``num_classes`` classes instead of the vocabulary.
+
+    The model returns ``[b, s, num_classes]``: a score at every position, as the ``score`` head of transformers'
+    ``MistralForSequenceClassification`` computes before picking the last non-padding position. A reward model is
+    this with ``num_classes=1``.
+
+    Args:
+        num_classes (int): outputs per position.
+        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, intermediate_dim, max_seq_len, attn_dropout,
+            norm_eps, rope_base, sliding_window: as in :func:`mistral`.
+
+    Returns:
+        TransformerDecoder: the model, randomly initialised.
+    """
+    return build_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        rope_base=rope_base,
+        sliding_windows=[sliding_window] * num_layers,
+        output_dim=num_classes,
+    )
+
+
+def lora_mistral_classifier(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    *,
+    num_classes: int,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    intermediate_dim: int,
+    max_seq_len: int,
+    attn_dropout: float = 0.0,
+    norm_eps: float = 1e-5,
+    rope_base: float = 10_000.0,
+    lora_rank: int,
+    lora_alpha: float,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+    sliding_window: int | None = None,
+) -> TransformerDecoder:
+    """:func:`mistral_classifier` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
+
+    Args:
+        lora_attn_modules, apply_lora_to_mlp, lora_dropout, use_dora, quantize_base: as in :func:`lora_mistral`.
+        apply_lora_to_output (bool): adapt the classification head. Default False.
+        num_classes, vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, intermediate_dim, max_seq_len,
+            attn_dropout, norm_eps, rope_base, sliding_window: as in :func:`mistral_classifier`.
+        lora_rank (int): adapter rank.
+        lora_alpha (float): adapter scale numerator (scale = alpha / rank).
+
+    Returns:
+        TransformerDecoder: the model; only adapter parameters are meant to be trained.
+
+    Raises:
+        ValueError: for an unknown module in ``lora_attn_modules``.
+    """
+    return build_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        rope_base=rope_base,
+        sliding_windows=[sliding_window] * num_layers,
+        output_dim=num_classes,
         lora=lora_spec(
             lora_attn_modules,
             apply_lora_to_mlp,

@@ -9,7 +9,12 @@
 from collections.abc import Sequence
 
 from tune.models._common import ModelSize, qlora_builder
-from tune.models.mistral._component_builders import lora_mistral, mistral
+from tune.models.mistral._component_builders import (
+    lora_mistral,
+    lora_mistral_classifier,
+    mistral,
+    mistral_classifier,
+)
 from tune.modules import TransformerDecoder
 
 # One size per row (kept as written: the formatter would give every argument a line of its own).
@@ -47,3 +52,36 @@ def lora_mistral_7b(
 
 
 qlora_mistral_7b = qlora_builder(lora_mistral_7b)
+
+
+def _reward_7b_dims() -> dict:
+    # torchtune's Mistral reward model: the 7B dimensions with full attention (no sliding window)
+    return {key: value for key, value in MODEL_SIZES["mistral_7b"].dims.items() if key != "sliding_window"}
+
+
+def mistral_reward_7b() -> TransformerDecoder:
+    """Mistral 7B with a one-output head (:func:`mistral_classifier` with ``num_classes=1``) and full attention:
+    a reward model, whose output at a sequence's last token is its score. Randomly initialised."""
+    return mistral_classifier(num_classes=1, **_reward_7b_dims())
+
+
+def lora_mistral_reward_7b(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+) -> TransformerDecoder:
+    """:func:`mistral_reward_7b` with fresh LoRA adapters (:func:`lora_mistral_classifier` at this size).
+
+    Args:
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_mistral_classifier`.
+    """
+    return lora_mistral_classifier(**locals(), num_classes=1, **_reward_7b_dims())
+
+
+qlora_mistral_reward_7b = qlora_builder(lora_mistral_reward_7b)

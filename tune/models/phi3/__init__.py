@@ -7,19 +7,26 @@ from tune.models.phi3._convert_weights import (
     phi3_adapter_to_peft,
     phi3_from_hf_config,
     phi3_hf_to_tune,
+    phi3_hf_to_tune_from_config,
     phi3_peft_to_adapter,
     phi3_tune_to_hf,
+    phi3_tune_to_hf_from_config,
 )
 from tune.models.phi3._model_builders import lora_phi3_mini, phi3_mini, qlora_phi3_mini
-from tune.models.phi3._tokenizer import phi3_mini_tokenizer
+from tune.models.phi3._tokenizer import Phi3MiniTokenizer, phi3_mini_tokenizer
+from tune.modules import RotaryPositionalEmbeddings
 from tune.registry import AdapterConverter, ModelFamily
+
+# torchtune's Phi-3 RoPE is the rotate-half RoPE tune uses everywhere (same arguments, same values): one module
+Phi3RotaryPositionalEmbeddings = RotaryPositionalEmbeddings
 
 FAMILY = ModelFamily(
     name="phi3",
     tokenizer=phi3_mini_tokenizer,
     builders=family_builders(_component_builders, _model_builders),
-    hf_to_tune=phi3_hf_to_tune,
-    tune_to_hf=phi3_tune_to_hf,
+    # the public converters keep torchtune's arguments; the registry's take the config.json dict
+    hf_to_tune=phi3_hf_to_tune_from_config,
+    tune_to_hf=phi3_tune_to_hf_from_config,
     hf_model_types=("phi3",),
     from_hf_config=phi3_from_hf_config,
     aliases=("phi3_mini",),
@@ -28,15 +35,19 @@ FAMILY = ModelFamily(
 )
 
 __all__ = [
+    "Phi3RotaryPositionalEmbeddings",
+    "Phi3MiniTokenizer",
     "lora_phi3",
     "phi3_adapter_to_peft",
     "lora_phi3_mini",
     "phi3",
     "phi3_from_hf_config",
     "phi3_hf_to_tune",
+    "phi3_hf_to_tune_from_config",
     "phi3_mini",
     "phi3_mini_tokenizer",
     "phi3_peft_to_adapter",
     "phi3_tune_to_hf",
+    "phi3_tune_to_hf_from_config",
     "qlora_phi3_mini",
 ]

@@ -12,8 +12,8 @@ def phi3(
     num_heads: int,
     num_kv_heads: int,
     embed_dim: int,
-    max_seq_len: int,
     intermediate_dim: int,
+    max_seq_len: int,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
@@ -27,8 +27,8 @@ def phi3(
         num_heads (int): query heads.
         num_kv_heads (int): key/value heads (fewer than num_heads for grouped-query attention).
         embed_dim (int): model width.
-        max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
         intermediate_dim (int): feed-forward hidden width.
+        max_seq_len (int): longest sequence (RoPE table size, KV-cache default).
         attn_dropout (float): attention dropout. Default 0.0.
         norm_eps (float): RMSNorm epsilon. Default 1e-5.
         rope_base (float): RoPE theta. Default 10000.
@@ -63,8 +63,8 @@ def lora_phi3(
     num_heads: int,
     num_kv_heads: int,
     embed_dim: int,
-    max_seq_len: int,
     intermediate_dim: int,
+    max_seq_len: int,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
@@ -82,7 +82,7 @@ def lora_phi3(
             ``q_proj, k_proj, v_proj, output_proj``.
         apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
         apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
-        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, max_seq_len, intermediate_dim, attn_dropout,
+        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, intermediate_dim, max_seq_len, attn_dropout,
             norm_eps, rope_base, sliding_window: as in :func:`phi3`.
         lora_rank (int): adapter rank. Default 8.
         lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.

@@ -33,17 +33,14 @@ def _head_sizes(hf_config: Mapping[str, Any]) -> tuple[int, int]:
     return num_heads * head_dim, num_kv_heads * head_dim
 
 
-def phi3_hf_to_tune(state_dict: Mapping[str, Any], hf_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Hugging Face Phi-3 state dict -> tune keys, splitting the fused projections.
-
-    Raises:
-        ValueError: for keys with no mapping, or a fused key with a suffix other than ``weight``.
-    """
-    q_dim, kv_dim = _head_sizes(hf_config)
+def _split_fused(
+    state_dict: Mapping[str, Any], qkv_sizes: list[int] | None, hf_config: Mapping[str, Any]
+) -> dict[str, Any]:
+    # qkv_sizes: rows of the query, key and value blocks of qkv_proj; None: three equal blocks
     split, rest = {}, {}
     for key, value in state_dict.items():
         if match := _QKV.fullmatch(key):
-            q, k, v = torch.split(value, [q_dim, kv_dim, kv_dim], dim=0)
+            q, k, v = torch.split(value, qkv_sizes, dim=0) if qkv_sizes else value.chunk(3, dim=0)
             layer = match.group(1)
             split.update({f"layers.{layer}.attn.{n}_proj.weight": t for n, t in zip("qkv", (q, k, v), strict=True)})
         elif match := _GATE_UP.fullmatch(key):
@@ -54,8 +51,49 @@ def phi3_hf_to_tune(state_dict: Mapping[str, Any], hf_config: Mapping[str, Any])
     return {**convert_hf_to_tune(rest, hf_config), **split}
 
 
-def phi3_tune_to_hf(state_dict: Mapping[str, Any], hf_config: Mapping[str, Any]) -> dict[str, Any]:
-    """tune state dict -> Hugging Face Phi-3 keys, fusing ``q/k/v_proj`` and ``w1/w3``.
+def phi3_hf_to_tune(
+    state_dict: Mapping[str, Any], num_heads: int | None, num_kv_heads: int | None, dim: int | None
+) -> dict[str, Any]:
+    """Hugging Face Phi-3 state dict -> tune keys, splitting the fused projections (torchtune's signature).
+
+    Args:
+        state_dict (Mapping[str, Any]): Hugging Face keys -> tensors.
+        num_heads (int | None): query heads; needed with ``dim``.
+        num_kv_heads (int | None): key/value heads; needed with ``dim``.
+        dim (int | None): rows of the query block of ``qkv_proj`` (the model width); the key and value blocks
+            have ``dim * num_kv_heads // num_heads`` rows each. None: three equal blocks (no grouped-query
+            attention, as in Phi-3 Mini).
+
+    Returns:
+        dict[str, Any]: tune keys -> tensors.
+
+    Raises:
+        ValueError: for ``dim`` without ``num_heads`` and ``num_kv_heads``, or keys with no mapping.
+    """
+    sizes = None
+    if dim is not None:
+        if num_heads is None or num_kv_heads is None:
+            raise ValueError(
+                f"phi3_hf_to_tune got dim={dim} but num_heads={num_heads}, num_kv_heads={num_kv_heads}; pass both "
+                "head counts to split a grouped-query qkv_proj, or dim=None for three equal blocks."
+            )
+        kv_dim = dim * num_kv_heads // num_heads
+        sizes = [dim, kv_dim, kv_dim]
+    return _split_fused(state_dict, sizes, {})
+
+
+def phi3_hf_to_tune_from_config(state_dict: Mapping[str, Any], hf_config: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`phi3_hf_to_tune` with the block sizes read from a ``config.json`` dict (the registry's converter).
+
+    Raises:
+        ValueError: for keys with no mapping.
+    """
+    q_dim, kv_dim = _head_sizes(hf_config)
+    return _split_fused(state_dict, [q_dim, kv_dim, kv_dim], hf_config)
+
+
+def phi3_tune_to_hf(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """tune state dict -> Hugging Face Phi-3 keys, fusing ``q/k/v_proj`` and ``w1/w3`` (torchtune's signature).
 
     Raises:
         ValueError: if a layer lacks one of the projections to fuse.
@@ -77,6 +115,11 @@ def phi3_tune_to_hf(state_dict: Mapping[str, Any], hf_config: Mapping[str, Any])
         fused[f"model.layers.{layer}.self_attn.qkv_proj.weight"] = torch.cat(qkv, dim=0)
         fused[f"model.layers.{layer}.mlp.gate_up_proj.weight"] = torch.cat(gate_up, dim=0)
     return {**convert_tune_to_hf(rest), **fused}
+
+
+def phi3_tune_to_hf_from_config(state_dict: Mapping[str, Any], hf_config: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`phi3_tune_to_hf` with the registry's converter signature (the config is not needed)."""
+    return phi3_tune_to_hf(state_dict)
 
 
 def phi3_from_hf_config(hf_config: Mapping[str, Any], **lora_kwargs: Any) -> TransformerDecoder:

@@ -43,7 +43,7 @@ from tune.models.qwen2_5._model_builders import (
     qwen2_5_72b_base,
     qwen2_5_72b_instruct,
 )
-from tune.models.qwen2_5._tokenizer import qwen2_5_tokenizer
+from tune.models.qwen2_5._tokenizer import QWEN2_PATTERN, qwen2_5_tokenizer
 from tune.registry import ModelFamily
 
 FAMILY = ModelFamily(
@@ -59,6 +59,7 @@ FAMILY = ModelFamily(
 )
 
 __all__ = [
+    "QWEN2_PATTERN",
     "base_qwen_tp_plan",
     "lora_qwen2",
     "lora_qwen2_5_0_5b",

@@ -1,7 +1,10 @@
 """Qwen 2.5 tokenizer: byte-level BPE (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``) with ChatML."""
 
+from typing import Any
+
 from tune.data._chat_formats import QWEN2_5_DEFAULT_SYSTEM_PROMPT, Qwen2_5ChatFormat
 from tune.data._tokenizers import ChatTokenizer, HuggingFaceBaseTokenizer, PromptTemplate, load_byte_level_bpe
+from tune.models._common import check_torchtune_bpe_options
 
 # Qwen 2's pre-tokenisation regex (as in its tokenizer.json): like Llama 3's, but digits one at a time.
 QWEN2_PATTERN = (
@@ -42,6 +45,7 @@ def qwen2_5_tokenizer(
     max_seq_len: int | None = None,
     prompt_template: "PromptTemplate | str | None" = None,
     default_system_prompt: str | None = QWEN2_5_DEFAULT_SYSTEM_PROMPT,
+    **kwargs: Any,
 ) -> ChatTokenizer:
     """The Qwen 2.5 tokenizer with the ChatML format of ``Qwen/Qwen2.5-7B-Instruct``.
 
@@ -54,14 +58,17 @@ def qwen2_5_tokenizer(
         prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
         default_system_prompt (str | None): inserted when a conversation has no system message, as the real
             template does; None inserts nothing.
+        **kwargs: torchtune's tokenizer options, accepted where tune behaves so: ``bpe_cache_size`` (any value;
+            tune's BPE needs no cache size) and ``errors="replace"`` (how invalid UTF-8 is decoded).
 
     Returns:
         ChatTokenizer: no BOS, EOS and pad ``<|endoftext|>``, stop tokens ``[<|im_end|>, <|endoftext|>]``.
 
     Raises:
         FileNotFoundError: if a file does not exist.
-        ValueError: for a vocab.json without merges_file.
+        ValueError: for a vocab.json without merges_file, or a torchtune option tune does not offer.
     """
+    check_torchtune_bpe_options(kwargs)
     text = load_byte_level_bpe(
         path, merges_file, special_tokens_path, pattern=QWEN2_PATTERN, added_tokens=QWEN2_5_ADDED_TOKENS
     )

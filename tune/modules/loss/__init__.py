@@ -1,5 +1,27 @@
-"""Losses shared by every recipe. They return summed token losses; normalisation is per training step."""
+"""Losses: chunked cross-entropy and knowledge-distillation KL divergences.
+
+Each averages over non-ignored tokens by default, as torchtune's do; tune's recipes ask the cross-entropy
+losses for ``reduction="sum"`` and normalise per training step.
+"""
 
 from tune.modules.loss._cross_entropy import CEWithChunkedOutputLoss, LinearCrossEntropyLoss, shift_labels
+from tune.modules.loss._kd import (
+    ForwardKLLoss,
+    ForwardKLWithChunkedOutputLoss,
+    ReverseKLLoss,
+    ReverseKLWithChunkedOutputLoss,
+    SymmetricKLLoss,
+    SymmetricKLWithChunkedOutputLoss,
+)
 
-__all__ = ["CEWithChunkedOutputLoss", "LinearCrossEntropyLoss", "shift_labels"]
+__all__ = [
+    "CEWithChunkedOutputLoss",
+    "ForwardKLLoss",
+    "ForwardKLWithChunkedOutputLoss",
+    "LinearCrossEntropyLoss",
+    "ReverseKLLoss",
+    "ReverseKLWithChunkedOutputLoss",
+    "SymmetricKLLoss",
+    "SymmetricKLWithChunkedOutputLoss",
+    "shift_labels",
+]

@@ -1,8 +1,10 @@
 """Cross-entropy losses that never hold full fp32 ``[tokens, vocab]`` logits at once.
 
-Both losses return the SUM of per-token losses over non-ignored labels. Dividing by the number of loss tokens is
-left to the caller on purpose: a training step normalises by the token count of the whole step (every
-micro-batch, every rank), which one micro-batch's loss cannot know. See ``tune.training.num_loss_tokens``.
+By default both losses return the MEAN over non-ignored labels, as torchtune's ``CEWithChunkedOutputLoss`` does,
+so a loop written for torchtune computes the same number. ``reduction="sum"`` returns the sum of per-token losses
+instead: tune's recipes ask for it (through ``tune.training.prepare_loss``) because a training step normalises by
+the token count of the whole step (every micro-batch, every rank), which one micro-batch's loss cannot know. See
+``tune.training.num_loss_tokens``.
 """
 
 from collections.abc import Callable
@@ -193,8 +195,8 @@ class LinearCrossEntropyLoss(nn.Module):
         num_output_chunks (int): the most token chunks. More chunks, lower peak memory; chunks are never smaller
             than ``min_chunk_mib`` of fp32 logits, so a small vocabulary gets fewer, larger chunks.
         ignore_index (int): label value that contributes no loss.
-        reduction (str): ``"sum"`` (default; the training recipes normalise over the whole step) or ``"mean"``
-            over the non-ignored tokens of this call.
+        reduction (str): ``"mean"`` (default) over the non-ignored tokens of this call, or ``"sum"`` of the token
+            losses (what tune's recipes ask for: they normalise over the whole step).
         mask_ignored_tokens (bool | None): drop positions labelled ``ignore_index`` before the projection, so
             padding and masked prompts cost no vocab matmul. Selecting them is a data-dependent shape, which
             forces a host-device sync on an accelerator; ``None`` (default) masks on CPU, where there is no such
@@ -211,14 +213,14 @@ class LinearCrossEntropyLoss(nn.Module):
         >>> loss_fn = LinearCrossEntropyLoss()
         >>> loss_fn.set_model_output(model)  # sets model.skip_output_layer = True
         >>> hidden = model(tokens)  # [b, s, d]
-        >>> loss_sum = loss_fn(hidden, shift_labels(labels))
+        >>> loss = loss_fn(hidden, shift_labels(labels))  # mean over the scored tokens
     """
 
     def __init__(
         self,
         num_output_chunks: int = 8,
         ignore_index: int = -100,
-        reduction: str = "sum",
+        reduction: str = "mean",
         mask_ignored_tokens: bool | None = None,
         min_chunk_mib: float = 32.0,
     ) -> None:
@@ -342,13 +344,14 @@ class CEWithChunkedOutputLoss(nn.Module):
     Args:
         num_output_chunks (int): number of sequence chunks.
         ignore_index (int): label value that contributes no loss.
-        reduction (str): ``"sum"`` (default) or ``"mean"`` over the non-ignored tokens of this call.
+        reduction (str): ``"mean"`` (default, torchtune's meaning) over the non-ignored tokens of this call, or
+            ``"sum"`` of the token losses.
 
     Raises:
         ValueError: for a non-positive ``num_output_chunks`` or an unknown ``reduction``.
     """
 
-    def __init__(self, num_output_chunks: int = 8, ignore_index: int = -100, reduction: str = "sum") -> None:
+    def __init__(self, num_output_chunks: int = 8, ignore_index: int = -100, reduction: str = "mean") -> None:
         super().__init__()
         _check_args(num_output_chunks, reduction)
         self.num_output_chunks = num_output_chunks
@@ -377,5 +380,19 @@ class CEWithChunkedOutputLoss(nn.Module):
         total = chunks[0].new_zeros((), dtype=torch.promote_types(chunks[0].dtype, torch.float32))
         for chunk, label_chunk in zip(chunks, label_chunks):
             flat_chunk = chunk.reshape(-1, chunk.shape[-1])  # [b * s_i, vocab]
-            total = total + _chunk_ce_sum(flat_chunk, label_chunk.reshape(-1), self.ignore_index)
+            total = total + self.compute_cross_entropy(flat_chunk, label_chunk.reshape(-1))
         return _reduce(total, labels, self.ignore_index, self.reduction)
+
+    def compute_cross_entropy(self, logits: torch.Tensor, labels: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        """The summed cross-entropy of one chunk, upcast to fp32; the unit to ``torch.compile`` on its own.
+
+        Args:
+            logits (torch.Tensor): ``[n, vocab]`` logits of one chunk.
+            labels (torch.Tensor): ``[n]`` shifted labels of that chunk.
+            normalize (bool): accepted for torchtune compatibility and unused: the chunk's loss is always a sum,
+                the reduction is applied once over all chunks in :meth:`forward`.
+
+        Returns:
+            torch.Tensor: scalar sum of the chunk's token losses.
+        """
+        return _chunk_ce_sum(logits, labels, self.ignore_index)

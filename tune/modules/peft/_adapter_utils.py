@@ -206,7 +206,7 @@ def disable_adapter(model: nn.Module) -> Generator[None, None, None]:
             m.disabled = value
 
 
-def validate_missing_and_unexpected_for_lora(
+def validate_lora_state_dict_load(
     model: nn.Module,
     missing_keys: Iterable[str],
     unexpected_keys: Iterable[str],
@@ -246,6 +246,73 @@ def validate_missing_and_unexpected_for_lora(
             "Check that the checkpoint belongs to this model (same family, size and key format) and that the "
             "LoRA settings (target modules, DoRA or not) are the ones it was trained with."
         )
+
+
+def get_lora_module_names(
+    lora_attn_modules: list[LORA_ATTN_MODULES], apply_lora_to_mlp: bool, apply_lora_to_output: bool
+) -> list[str]:
+    """The names of the modules a LoRA builder adapts, given the builder's three LoRA arguments.
+
+    Args:
+        lora_attn_modules (list[str]): attention projections with adapters (``q_proj``, ``k_proj``, ``v_proj``,
+            ``output_proj``).
+        apply_lora_to_mlp (bool): the feed-forward projections ``w1``, ``w2``, ``w3`` get adapters too.
+        apply_lora_to_output (bool): the output projection ``output`` gets one too.
+
+    Returns:
+        list[str]: the module names, attention projections first (a new list; the argument is not changed).
+    """
+    names = list(lora_attn_modules)
+    if apply_lora_to_mlp:
+        names += ["w1", "w2", "w3"]
+    if apply_lora_to_output:
+        names.append("output")
+    return names
+
+
+def validate_missing_and_unexpected_for_lora(
+    lora_attn_modules: list[LORA_ATTN_MODULES],
+    apply_lora_to_mlp: bool,
+    apply_lora_to_output: bool,
+    base_missing: list[str] | None = None,
+    base_unexpected: list[str] | None = None,
+    lora_missing: list[str] | None = None,
+    lora_unexpected: list[str] | None = None,
+) -> None:
+    """Checks the keys ``load_state_dict(strict=False)`` reported when loading a LoRA model in two parts.
+
+    Loading the base weights may leave only adapter parameters (``<module>.lora_*`` or ``<module>.magnitude`` of
+    an adapted module) missing; loading the adapter weights may leave only the other parameters missing; neither
+    load may bring unexpected keys. The adapted modules are named by the builder's LoRA arguments; to check
+    against the model itself instead, use :func:`validate_lora_state_dict_load`.
+
+    Args:
+        lora_attn_modules (list[str]): attention projections with adapters.
+        apply_lora_to_mlp (bool): whether the feed-forward projections have adapters.
+        apply_lora_to_output (bool): whether the output projection has one.
+        base_missing (list[str] | None): missing keys of the base-weight load.
+        base_unexpected (list[str] | None): unexpected keys of the base-weight load.
+        lora_missing (list[str] | None): missing keys of the adapter load.
+        lora_unexpected (list[str] | None): unexpected keys of the adapter load.
+
+    Raises:
+        ValueError: naming the first key that should not be missing, or the unexpected keys.
+    """
+    modules = get_lora_module_names(lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output)
+
+    def is_lora_key(key: str) -> bool:
+        return any(f"{name}.lora" in key or f"{name}.magnitude" in key for name in modules)
+
+    for key in base_missing or []:
+        if not is_lora_key(key):
+            raise ValueError(f"the base checkpoint has no entry for the non-LoRA parameter {key!r}.")
+    if base_unexpected:
+        raise ValueError(f"unexpected keys loading the base model: {_show(sorted(base_unexpected))}.")
+    for key in lora_missing or []:
+        if is_lora_key(key):
+            raise ValueError(f"the adapter checkpoint has no entry for the LoRA parameter {key!r}.")
+    if lora_unexpected:
+        raise ValueError(f"unexpected keys loading the adapter: {_show(sorted(lora_unexpected))}.")
 
 
 def _show(keys: list[str]) -> str:

@@ -12,7 +12,7 @@ from tune.modules.peft._dora import DoRALinear
 from tune.modules.peft._lora import LoRALinear
 from tune.utils import get_logger
 
-_log = get_logger(__name__)
+_log = get_logger(name=__name__)
 _MAX_NAMES_SHOWN = 40
 
 Pattern = str | re.Pattern

@@ -11,6 +11,7 @@ forward and hand-written backward that run faster on CPU (the why and when are i
 """
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,9 +44,12 @@ class LoRALinear(nn.Module):
         dropout (float): dropout probability on the adapter's input, in [0, 1). Default 0.0.
         use_bias (bool): whether the base layer has a bias. Default False.
         quantize_base (bool): store the base weight in NF4 through torchao (QLoRA). Default False.
+        **quantization_kwargs: torchao ``to_nf4`` block sizes for the NF4 base weight, ``block_size`` and
+            ``scaler_block_size``; by default the sizes ``nf4_block_sizes`` picks. Only with ``quantize_base``.
 
     Raises:
-        ValueError: for a non-positive size or rank, or a dropout outside [0, 1).
+        ValueError: for a non-positive size or rank, a dropout outside [0, 1), or quantization arguments
+            without ``quantize_base``.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class LoRALinear(nn.Module):
         dropout: float = 0.0,
         use_bias: bool = False,
         quantize_base: bool = False,
+        **quantization_kwargs: Any,
     ) -> None:
         super().__init__()
         _check_lora_args(in_dim, out_dim, rank, dropout)
@@ -67,13 +72,20 @@ class LoRALinear(nn.Module):
         self.scaling = alpha / rank
         self.use_bias = use_bias
         self._quantize_base = quantize_base
+        if not quantize_base and any(quantization_kwargs.values()):
+            raise ValueError(
+                f"quantization arguments {quantization_kwargs} were given but quantize_base is False; set "
+                "quantize_base=True to quantise the base weight, or drop them."
+            )
+        # torchao `to_nf4` block sizes, kept so a dense checkpoint weight is quantised the same way on load
+        self.quantization_kwargs = dict(quantization_kwargs)
         # True runs the base layer only (e.g. reference-model log-probs in DPO); see `disable_adapter`.
         self.disabled = False
         # False runs the formula as written in `forward`, never the fused version of `_lora_fast`.
         self.use_fast_path = True
 
         base = nn.Linear(in_dim, out_dim, bias=use_bias)
-        weight = to_nf4(base.weight.detach()) if quantize_base else base.weight.detach()
+        weight = to_nf4(base.weight.detach(), **quantization_kwargs) if quantize_base else base.weight.detach()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = nn.Parameter(base.bias.detach(), requires_grad=False) if use_bias else None
         self.dropout = nn.Dropout(p=dropout) if dropout > 0.0 else nn.Identity()

@@ -56,14 +56,27 @@ from tune.training.checkpointing._state import (
     save_recipe_state,
     set_rng_state,
 )
+from tune.training.checkpointing._utils import (
+    FormattedCheckpointFiles,
+    ModelType,
+    get_largest_iter_folder,
+    update_state_dict_for_classifier,
+)
+
+# torchtune's name for "any of the checkpointers", used in type annotations
+Checkpointer = (
+    FullModelHFCheckpointer | FullModelMetaCheckpointer | FullModelTorchTuneCheckpointer | DistributedCheckpointer
+)
 
 __all__ = [
+    "Checkpointer",
     "CheckpointError",
     "CheckpointSaveError",
     "ADAPTER_CONFIG",
     "ADAPTER_KEY",
     "DATALOADER_KEY",
     "DistributedCheckpointer",
+    "FormattedCheckpointFiles",
     "EPOCHS_KEY",
     "FullModelHFCheckpointer",
     "FullModelMetaCheckpointer",
@@ -71,6 +84,7 @@ __all__ = [
     "LR_SCHEDULER_KEY",
     "MAX_STEPS_KEY",
     "MODEL_KEY",
+    "ModelType",
     "OPT_KEY",
     "RECIPE_STATE_KEY",
     "RNG_KEY",
@@ -83,6 +97,7 @@ __all__ = [
     "config_to_yaml",
     "find_latest_checkpoint",
     "gather_full_state_dict",
+    "get_largest_iter_folder",
     "get_rng_state",
     "hf_to_meta",
     "list_complete_checkpoints",
@@ -102,4 +117,5 @@ __all__ = [
     "set_rng_state",
     "should_save_checkpoint",
     "split_adapter",
+    "update_state_dict_for_classifier",
 ]

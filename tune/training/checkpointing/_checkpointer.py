@@ -10,6 +10,7 @@ import json
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ from tune.training.checkpointing._layout import (
 from tune.training.checkpointing._state import get_rng_state, load_recipe_state, save_config, save_recipe_state
 from tune.utils import get_logger, get_rank
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 _WEIGHT_SUFFIXES = (SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES)
 # Files of a model directory that are not copied to the output (weights and their indexes are rewritten).
@@ -129,6 +130,7 @@ class _Checkpointer:
         recipe_checkpoint: str | Path | None = None,
         resume_from_checkpoint: bool = False,
         safe_serialization: bool = True,
+        should_load_recipe_state: bool = False,
         keep_last_n_checkpoints: int | None = None,
         save_adapter_weights_only: bool = False,
     ) -> None:
@@ -139,6 +141,8 @@ class _Checkpointer:
         _check_dirs(self._checkpoint_dir, self._output_dir)
         if self._needs_family and model_type is None:
             raise ValueError(f"{type(self).__name__} needs `model_type` (e.g. LLAMA3_2) to convert the weights.")
+        if isinstance(model_type, Enum):  # torchtune's ModelType members
+            model_type = model_type.value
         self._model_type = model_type
         self._family: ModelFamily | None = get_model_family(model_type) if model_type is not None else None
         self._safe_serialization = safe_serialization
@@ -157,7 +161,9 @@ class _Checkpointer:
         self._adapter_checkpoint = adapter_checkpoint
         self._recipe_checkpoint = recipe_checkpoint
         self._source_layout: dict[str, _SourceTensor] | None = None
-        self._resume_dir = self._find_resume_dir() if resume_from_checkpoint else None
+        # torchtune 0.6 renamed resume_from_checkpoint to should_load_recipe_state; either one resumes
+        resume = resume_from_checkpoint or should_load_recipe_state
+        self._resume_dir = self._find_resume_dir() if resume else None
         self._config: dict[str, Any] = {}
         self._setup_format()
         if get_rank() == 0:
@@ -576,6 +582,8 @@ class FullModelHFCheckpointer(_Checkpointer):
             newest checkpoint's. Default None.
         resume_from_checkpoint (bool): resume from the newest complete checkpoint in ``output_dir``. Default False.
         safe_serialization (bool): write safetensors (True) or ``.bin`` pickles of tensors. Default True.
+        should_load_recipe_state (bool): torchtune's newer name for ``resume_from_checkpoint``; either one being
+            True resumes. Default False.
         keep_last_n_checkpoints (int | None): delete older checkpoints beyond this many. Default None (keep all).
         save_adapter_weights_only (bool): for LoRA, write the adapter without the merged model. Default False.
 
@@ -617,6 +625,7 @@ class FullModelMetaCheckpointer(_Checkpointer):
         adapter_checkpoint (str | Path | None): as for :class:`FullModelHFCheckpointer`.
         recipe_checkpoint (str | Path | None): as for :class:`FullModelHFCheckpointer`.
         resume_from_checkpoint (bool): as for :class:`FullModelHFCheckpointer`.
+        should_load_recipe_state (bool): as for :class:`FullModelHFCheckpointer`.
         safe_serialization (bool): ignored: the format is a ``torch.save`` file.
         keep_last_n_checkpoints (int | None): as for :class:`FullModelHFCheckpointer`.
         save_adapter_weights_only (bool): as for :class:`FullModelHFCheckpointer`.
@@ -628,6 +637,35 @@ class FullModelMetaCheckpointer(_Checkpointer):
 
     _default_files = ("consolidated.00.pth",)
     format_name = "meta"
+
+    def __init__(
+        self,
+        checkpoint_dir: str | Path,
+        checkpoint_files: list[str] | Mapping[str, Any] | None = None,
+        model_type: str | None = None,
+        output_dir: str | Path | None = None,
+        adapter_checkpoint: str | Path | None = None,
+        recipe_checkpoint: str | Path | None = None,
+        resume_from_checkpoint: bool = False,
+        should_load_recipe_state: bool = False,
+        safe_serialization: bool = True,
+        keep_last_n_checkpoints: int | None = None,
+        save_adapter_weights_only: bool = False,
+    ) -> None:
+        # torchtune's positional order for this format (no safe_serialization before should_load_recipe_state)
+        super().__init__(
+            checkpoint_dir,
+            checkpoint_files,
+            model_type,
+            output_dir,
+            adapter_checkpoint=adapter_checkpoint,
+            recipe_checkpoint=recipe_checkpoint,
+            resume_from_checkpoint=resume_from_checkpoint,
+            safe_serialization=safe_serialization,
+            should_load_recipe_state=should_load_recipe_state,
+            keep_last_n_checkpoints=keep_last_n_checkpoints,
+            save_adapter_weights_only=save_adapter_weights_only,
+        )
 
     def _setup_format(self) -> None:
         self._safe_serialization = False  # the format is a torch.save file by definition
@@ -682,6 +720,7 @@ class FullModelTorchTuneCheckpointer(_Checkpointer):
         adapter_checkpoint (str | Path | None): as for :class:`FullModelHFCheckpointer`.
         recipe_checkpoint (str | Path | None): as for :class:`FullModelHFCheckpointer`.
         resume_from_checkpoint (bool): as for :class:`FullModelHFCheckpointer`.
+        should_load_recipe_state (bool): as for :class:`FullModelHFCheckpointer`.
         safe_serialization (bool): write safetensors (True) or ``.pt``-style pickles of tensors. Default True.
         keep_last_n_checkpoints (int | None): as for :class:`FullModelHFCheckpointer`.
         save_adapter_weights_only (bool): as for :class:`FullModelHFCheckpointer`.
@@ -689,6 +728,35 @@ class FullModelTorchTuneCheckpointer(_Checkpointer):
 
     _needs_family = False
     format_name = "tune"
+
+    def __init__(
+        self,
+        checkpoint_dir: str | Path,
+        checkpoint_files: list[str] | Mapping[str, Any] | None = None,
+        model_type: str | None = None,
+        output_dir: str | Path | None = None,
+        adapter_checkpoint: str | Path | None = None,
+        recipe_checkpoint: str | Path | None = None,
+        resume_from_checkpoint: bool = False,
+        should_load_recipe_state: bool = False,
+        safe_serialization: bool = True,
+        keep_last_n_checkpoints: int | None = None,
+        save_adapter_weights_only: bool = False,
+    ) -> None:
+        # torchtune's positional order for this format (no safe_serialization before should_load_recipe_state)
+        super().__init__(
+            checkpoint_dir,
+            checkpoint_files,
+            model_type,
+            output_dir,
+            adapter_checkpoint=adapter_checkpoint,
+            recipe_checkpoint=recipe_checkpoint,
+            resume_from_checkpoint=resume_from_checkpoint,
+            safe_serialization=safe_serialization,
+            should_load_recipe_state=should_load_recipe_state,
+            keep_last_n_checkpoints=keep_last_n_checkpoints,
+            save_adapter_weights_only=save_adapter_weights_only,
+        )
 
     def _setup_format(self) -> None:
         config_path = self._checkpoint_dir / "config.json"
@@ -701,3 +769,7 @@ class FullModelTorchTuneCheckpointer(_Checkpointer):
 
     def _from_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return dict(state_dict)
+
+
+# torchtune defines DistributedCheckpointer in this module; code importing it from here keeps working
+from tune.training.checkpointing._distributed import DistributedCheckpointer  # noqa: E402, F401

@@ -29,7 +29,7 @@ from tune.training.checkpointing._layout import (
 from tune.training.checkpointing._state import save_config
 from tune.utils import get_logger, get_rank
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 _FORMAT = "dcp"
 
@@ -102,9 +102,9 @@ class DistributedCheckpointer:
     Args:
         checkpoint_dir (str | Path | None): the base model's directory (only checked not to contain output_dir).
         output_dir (str | Path): where ``step_N/`` checkpoints go.
+        process_group (dist.ProcessGroup | None): the group to save with; default the world.
         resume_from_checkpoint (bool): resume from the newest complete DCP checkpoint in ``output_dir``.
         keep_last_n_checkpoints (int | None): delete older checkpoints beyond this many. Default None.
-        process_group (dist.ProcessGroup | None): the group to save with; default the world.
 
     Raises:
         ValueError: if ``output_dir`` is inside ``checkpoint_dir``, or resuming finds no checkpoint.
@@ -114,9 +114,9 @@ class DistributedCheckpointer:
         self,
         checkpoint_dir: str | Path | None = None,
         output_dir: str | Path | None = None,
+        process_group: dist.ProcessGroup | None = None,
         resume_from_checkpoint: bool = False,
         keep_last_n_checkpoints: int | None = None,
-        process_group: dist.ProcessGroup | None = None,
     ) -> None:
         if output_dir is None:
             raise ValueError("DistributedCheckpointer needs `output_dir`: the directory the checkpoints go to.")

@@ -19,7 +19,7 @@ from tune.training.checkpointing._constants import COMPLETE_MARKER
 from tune.training.checkpointing._io import CheckpointSaveError, fsync_dir, save_json
 from tune.utils import get_logger
 
-log = get_logger(__name__)
+log = get_logger(name=__name__)
 
 _CHECKPOINT_NAME = re.compile(r"^(step|epoch)_(\d+)$")
 _TEMP_PREFIX = ".tmp_"

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from tune import config, training, utils
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 
-log = utils.get_logger("tune_plugin_example.train_tiny")
+log = utils.get_logger(name="tune_plugin_example.train_tiny")
 
 
 def _collate(samples: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:

@@ -57,7 +57,9 @@ def test_shift_labels_moves_targets_left_and_pads_with_ignore_index():
 @pytest.mark.parametrize("mask_ignored_tokens", [True, False])
 def test_linear_cross_entropy_equals_full_logits_cross_entropy(num_chunks, mask_ignored_tokens):
     hidden, weight, labels = _data()
-    chunked = LinearCrossEntropyLoss(num_output_chunks=num_chunks, mask_ignored_tokens=mask_ignored_tokens)
+    chunked = LinearCrossEntropyLoss(
+        num_output_chunks=num_chunks, mask_ignored_tokens=mask_ignored_tokens, reduction="sum"
+    )
     got = _loss_and_grads(lambda h, w, y: chunked(h, y, output=w), hidden, weight, labels)
     want = _loss_and_grads(_reference, hidden, weight, labels)
     for g, w in zip(got, want):
@@ -104,7 +106,7 @@ def test_linear_cross_entropy_applies_any_output_module(kind):
     hidden, _, labels = _data()
     output = _output_module(kind, hidden.shape[-1], 50)
     params = [p for p in output.parameters() if p.requires_grad] or [output.weight]
-    chunked = LinearCrossEntropyLoss(num_output_chunks=4)(hidden, labels, output=output)
+    chunked = LinearCrossEntropyLoss(num_output_chunks=4, reduction="sum")(hidden, labels, output=output)
     got = torch.autograd.grad(chunked, params)
     logits = output(hidden)
     full = F.cross_entropy(logits.reshape(-1, 50), labels.reshape(-1), reduction="sum")
@@ -117,7 +119,7 @@ def test_linear_cross_entropy_applies_any_output_module(kind):
 def test_linear_cross_entropy_chunks_in_model_dtype_then_upcasts():
     # bf16 model: logits of each chunk are computed in bf16 and only then upcast (as a bf16 model's logits would be)
     hidden, weight, labels = _data(dtype=torch.bfloat16)
-    loss = LinearCrossEntropyLoss(num_output_chunks=5)(hidden, labels, output=weight)
+    loss = LinearCrossEntropyLoss(num_output_chunks=5, reduction="sum")(hidden, labels, output=weight)
     logits_bf16 = hidden @ weight.T
     want = F.cross_entropy(logits_bf16.float().reshape(-1, weight.shape[0]), labels.reshape(-1), reduction="sum")
     assert loss.dtype == torch.float32
@@ -128,7 +130,7 @@ def test_linear_cross_entropy_all_ignored_gives_zero_loss_and_grads():
     hidden, weight, labels = _data()
     labels.fill_(IGNORE)
     loss, hidden_grad, weight_grad = _loss_and_grads(
-        lambda h, w, y: LinearCrossEntropyLoss()(h, y, output=w), hidden, weight, labels
+        lambda h, w, y: LinearCrossEntropyLoss(reduction="sum")(h, y, output=w), hidden, weight, labels
     )
     assert loss.item() == 0.0
     assert hidden_grad is None or hidden_grad.abs().sum() == 0
@@ -152,7 +154,7 @@ def test_linear_cross_entropy_errors_are_actionable():
 @pytest.mark.parametrize("as_list", [False, True])
 def test_chunked_output_loss_equals_full_logits_cross_entropy(as_list):
     hidden, weight, labels = _data()
-    loss_fn = CEWithChunkedOutputLoss(num_output_chunks=4)
+    loss_fn = CEWithChunkedOutputLoss(num_output_chunks=4, reduction="sum")
 
     def chunked(h, w, y):
         logits = h @ w.T
@@ -187,7 +189,7 @@ _PROBE = textwrap.dedent(
         logits = hidden @ weight.T
         loss = F.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1), reduction="sum")
     else:
-        loss = LinearCrossEntropyLoss(num_output_chunks=8)(hidden, labels, output=weight)
+        loss = LinearCrossEntropyLoss(num_output_chunks=8, reduction="sum")(hidden, labels, output=weight)
     loss.backward()
     print(json.dumps({"peak_increase_mib": (kib("VmHWM") - before) / 1024, "loss": loss.item()}))
     """
@@ -231,7 +233,7 @@ def test_linear_cross_entropy_on_a_tune_decoder_equals_cross_entropy_on_its_logi
     labels = shift_labels(labels)
     logits = model(tokens)  # [b, s, vocab]
     want = F.cross_entropy(logits.reshape(-1, 64), labels.reshape(-1), reduction="sum")
-    loss_fn = LinearCrossEntropyLoss(num_output_chunks=3)
+    loss_fn = LinearCrossEntropyLoss(num_output_chunks=3, reduction="sum")
     loss_fn.set_model_output(model)
     hidden = model(tokens)  # now [b, s, embed_dim]
     assert hidden.shape == (2, 12, 16)
@@ -252,7 +254,9 @@ def test_fused_gradients_equal_the_checkpointed_path(mask_ignored_tokens):
         with torch.no_grad():
             output.weight.copy_(weight)
         h = hidden.clone().requires_grad_(True)
-        loss = LinearCrossEntropyLoss(5, mask_ignored_tokens=mask_ignored_tokens)(h, labels, output=output)
+        loss = LinearCrossEntropyLoss(5, mask_ignored_tokens=mask_ignored_tokens, reduction="sum")(
+            h, labels, output=output
+        )
         (2.5 * loss).backward()  # a non-unit upstream gradient, as the recipes' loss scale gives
         results.append((loss.detach(), h.grad, output.weight.grad))
     for fused, checkpointed in zip(*results):
@@ -262,7 +266,7 @@ def test_fused_gradients_equal_the_checkpointed_path(mask_ignored_tokens):
 def test_fused_path_with_a_frozen_projection_gives_only_hidden_gradients():
     hidden, weight, labels = _data()  # weight does not require grad, as a frozen output layer under LoRA
     h, ref_h = hidden.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
-    LinearCrossEntropyLoss(3)(h, labels, output=weight).backward()
+    LinearCrossEntropyLoss(3, reduction="sum")(h, labels, output=weight).backward()
     _reference(ref_h, weight, labels).backward()
     assert weight.grad is None
     torch.testing.assert_close(h.grad, ref_h.grad, atol=1e-5, rtol=1e-5)
@@ -270,7 +274,9 @@ def test_fused_path_with_a_frozen_projection_gives_only_hidden_gradients():
 
 def test_fused_path_bfloat16_gradients_match_autograd_on_bfloat16_logits():
     hidden, weight, labels = _data(dtype=torch.bfloat16)
-    got = _loss_and_grads(lambda h, w, y: LinearCrossEntropyLoss(4)(h, y, output=w), hidden, weight, labels)
+    got = _loss_and_grads(
+        lambda h, w, y: LinearCrossEntropyLoss(4, reduction="sum")(h, y, output=w), hidden, weight, labels
+    )
 
     def reference(h, w, y):  # bf16 logits upcast to fp32 for the softmax, as the chunked loss does
         logits = (h @ w.T).float()
@@ -286,7 +292,7 @@ def test_fused_path_bfloat16_gradients_match_autograd_on_bfloat16_logits():
 def test_fused_path_refuses_a_second_backward():
     hidden, weight, labels = _data()
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-    loss = LinearCrossEntropyLoss(2)(h, labels, output=w)
+    loss = LinearCrossEntropyLoss(2, reduction="sum")(h, labels, output=w)
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="twice"):
         loss.backward()
@@ -298,12 +304,14 @@ def test_projection_with_forward_hook_is_called_as_a_module():
     calls = []
     output.register_forward_hook(lambda module, args, out: calls.append(out.shape))
     h = hidden.clone().requires_grad_(True)
-    LinearCrossEntropyLoss(2)(h, labels, output=output).backward()
+    LinearCrossEntropyLoss(2, reduction="sum")(h, labels, output=output).backward()
     assert len(calls) >= 2  # the forward chunks (and their recomputation in backward)
 
 
 def test_small_vocabularies_get_fewer_larger_chunks_with_the_same_loss():
-    loss_fn = LinearCrossEntropyLoss(num_output_chunks=8)  # min_chunk_mib=32: 1,048 rows of an 8,000-token vocab
+    loss_fn = LinearCrossEntropyLoss(
+        num_output_chunks=8, reduction="sum"
+    )  # min_chunk_mib=32: 1,048 rows of an 8,000-token vocab
     assert loss_fn._num_chunks(1720, 8000) == 2
     assert loss_fn._num_chunks(500, 8000) == 1
     assert loss_fn._num_chunks(16384, 128256) == 8  # a large vocabulary keeps the chunks asked for
@@ -311,10 +319,23 @@ def test_small_vocabularies_get_fewer_larger_chunks_with_the_same_loss():
     hidden, weight, labels = _data(seq=300, vocab=30000)  # 313 labelled tokens, 279 rows a chunk
     merged = _loss_and_grads(lambda h, w, y: loss_fn(h, y, output=w), hidden, weight, labels)
     eight = _loss_and_grads(
-        lambda h, w, y: LinearCrossEntropyLoss(8, min_chunk_mib=0)(h, y, output=w), hidden, weight, labels
+        lambda h, w, y: LinearCrossEntropyLoss(8, min_chunk_mib=0, reduction="sum")(h, y, output=w),
+        hidden,
+        weight,
+        labels,
     )
     assert loss_fn._num_chunks(int((labels != IGNORE).sum()), 30000) == 2
     for g, w in zip(merged, eight):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="min_chunk_mib"):
         LinearCrossEntropyLoss(min_chunk_mib=-1)
+
+
+def test_both_losses_average_by_default_like_torchtune():
+    # torchtune's CEWithChunkedOutputLoss returns the mean over non-ignored tokens; a loop written for it
+    # (loss * num_tokens) must see the same number here
+    hidden, weight, labels = _data()
+    want = F.cross_entropy((hidden @ weight.T).reshape(-1, 50), labels.reshape(-1), ignore_index=IGNORE)
+    logits = hidden @ weight.T
+    torch.testing.assert_close(CEWithChunkedOutputLoss(4)(list(logits.chunk(4, dim=1)), labels), want)
+    torch.testing.assert_close(LinearCrossEntropyLoss(4)(hidden, labels, output=weight), want)

@@ -13,10 +13,12 @@ from tune.modules.peft import (
     disable_adapter,
     get_adapter_params,
     get_adapter_state_dict,
+    get_lora_module_names,
     get_merged_lora_ckpt,
     is_nf4_tensor,
     merge_lora_weights,
     set_trainable_params,
+    validate_lora_state_dict_load,
     validate_missing_and_unexpected_for_lora,
 )
 
@@ -118,7 +120,7 @@ def _build_on_meta_and_load(tiny_block, state_dict, loaded="base"):
         model = apply_lora(copy.deepcopy(tiny_block).to("meta"), ["q_proj", "v_proj"], RANK, ALPHA)
     model.to_empty(device="cpu")
     result = model.load_state_dict(state_dict, strict=False)
-    validate_missing_and_unexpected_for_lora(model, result.missing_keys, result.unexpected_keys, loaded=loaded)
+    validate_lora_state_dict_load(model, result.missing_keys, result.unexpected_keys, loaded=loaded)
     return model
 
 
@@ -143,10 +145,46 @@ def test_validate_adapter_load(tiny_block):
     adapters = get_adapter_state_dict(trained.state_dict())
     model = apply_lora(copy.deepcopy(tiny_block), ["q_proj", "v_proj"], RANK, ALPHA)
     result = model.load_state_dict(adapters, strict=False)
-    validate_missing_and_unexpected_for_lora(model, result.missing_keys, result.unexpected_keys, loaded="adapter")
+    validate_lora_state_dict_load(model, result.missing_keys, result.unexpected_keys, loaded="adapter")
     x = torch.randn(4, 32)
     torch.testing.assert_close(model(x), trained(x), rtol=0, atol=0)
     partial = {k: v for k, v in adapters.items() if not k.startswith("v_proj")}
     result = model.load_state_dict(partial, strict=False)
     with pytest.raises(ValueError, match=r"2 missing adapter key\(s\): v_proj.lora_a.weight, v_proj.lora_b.weight"):
-        validate_missing_and_unexpected_for_lora(model, result.missing_keys, result.unexpected_keys, loaded="adapter")
+        validate_lora_state_dict_load(model, result.missing_keys, result.unexpected_keys, loaded="adapter")
+
+
+def test_get_lora_module_names_lists_attention_then_mlp_then_output_without_changing_its_argument():
+    attn = ["q_proj", "v_proj"]
+    assert get_lora_module_names(attn, True, True) == ["q_proj", "v_proj", "w1", "w2", "w3", "output"]
+    assert get_lora_module_names(attn, False, True) == ["q_proj", "v_proj", "output"]
+    assert get_lora_module_names(attn, False, False) == ["q_proj", "v_proj"]
+    assert attn == ["q_proj", "v_proj"]
+
+
+def test_validate_missing_and_unexpected_for_lora_with_torchtune_arguments():
+    args = (["q_proj", "v_proj"], True, False)
+    base_ok = ["layers.0.attn.q_proj.lora_a.weight", "layers.0.mlp.w1.lora_b.weight", "layers.0.mlp.w2.magnitude"]
+    lora_ok = ["layers.0.attn.q_proj.weight", "layers.0.attn.k_proj.weight", "tok_embeddings.weight"]
+    validate_missing_and_unexpected_for_lora(*args, base_missing=base_ok, base_unexpected=[], lora_missing=lora_ok)
+    with pytest.raises(ValueError, match="k_proj.weight"):
+        validate_missing_and_unexpected_for_lora(*args, base_missing=["layers.0.attn.k_proj.weight"])
+    with pytest.raises(ValueError, match="output.lora_a"):  # output has no adapter here: not a LoRA key
+        validate_missing_and_unexpected_for_lora(*args, base_missing=["output.lora_a.weight"])
+    with pytest.raises(ValueError, match="q_proj.lora_a"):
+        validate_missing_and_unexpected_for_lora(*args, lora_missing=["layers.0.attn.q_proj.lora_a.weight"])
+    with pytest.raises(ValueError, match="unexpected"):
+        validate_missing_and_unexpected_for_lora(*args, base_unexpected=["extra.weight"])
+    with pytest.raises(ValueError, match="unexpected"):
+        validate_missing_and_unexpected_for_lora(*args, lora_unexpected=["extra.weight"])
+
+
+@pytest.mark.parametrize("layer_cls", [LoRALinear, DoRALinear])
+def test_quantization_kwargs_reach_torchao_and_need_quantize_base(layer_cls):
+    pytest.importorskip("torchao")
+    layer = layer_cls(64, 32, rank=4, alpha=8.0, quantize_base=True, block_size=32, scaler_block_size=8)
+    assert (layer.weight.block_size, layer.weight.scaler_block_size) == (32, 8)
+    layer.load_state_dict({"weight": torch.randn(32, 64)}, strict=False)  # a dense checkpoint weight
+    assert layer.weight.block_size == 32
+    with pytest.raises(ValueError, match="quantize_base"):
+        layer_cls(64, 32, rank=4, alpha=8.0, block_size=32)

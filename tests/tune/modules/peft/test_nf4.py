@@ -222,7 +222,9 @@ def _worker(rank: int, port: int, checkpoint: dict, result_path: str) -> None:
     init_distributed(backend="gloo")
     model = _tiny_qlora("meta")
     shard_model(model, [TransformerSelfAttentionLayer])  # failed here in torchao's NF4 split before the fix
-    load_from_full_model_state_dict(model, checkpoint)  # adapters too, so every key comes from the checkpoint
+    load_from_full_model_state_dict(
+        model, checkpoint, strict=True
+    )  # adapters too, so every key comes from the checkpoint
     logits, loss = _forward_backward(model)  # every rank runs the same batch: gradients average to the batch's
     grads = {name: p.grad.full_tensor() for name, p in model.named_parameters() if p.grad is not None}
     state = gather_cpu_state_dict(model)
