@@ -150,7 +150,7 @@ def _run_distributed(argv: list[str]) -> int:
     parser = _torchrun_parser()
     args = parser.parse_args(argv)
     recipe = find_recipe(args.training_script)
-    if not recipe.supports_distributed:
+    if recipe.has_info and not recipe.supports_distributed:  # a script without RECIPE_INFO (a torchtune copy) may go
         flags = " ".join(argv[: len(argv) - len(args.training_script_args) - 1])
         capable = sorted(name for name, r in list_recipes().items() if r.supports_distributed)
         hint = f" Recipes that do: {', '.join(capable)}." if capable else ""

@@ -331,6 +331,11 @@ class OptimizerInBackwardWrapper:
         optimizers are assumed to share it."""
         return next(iter(self.optim_map.values())).param_groups[0][key]
 
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The first parameter group of every per-parameter optimizer (what :func:`get_lr` reads)."""
+        return [opt.param_groups[0] for opt in self.optim_map.values()]
+
     def set_lr_scheduler(self, lr_scheduler: LRScheduler) -> None:
         """Makes ``lr_scheduler.step()`` also copy the new learning rate into every per-parameter optimizer.
 

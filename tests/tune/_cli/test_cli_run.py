@@ -99,6 +99,20 @@ def test_torchrun_flags_launch_a_distributed_recipe_through_torch_distributed_ru
         assert json.loads((out_dir / f"rank{rank}.json").read_text()) == {"world_size": 2, "tag": "two-processes"}
 
 
+def test_a_recipe_file_without_recipe_info_may_be_launched_with_torchrun(tune_subprocess, tmp_path):
+    # a user's own script (a torchtune recipe moved with `tune migrate`) declares nothing: torchrun flags launch it
+    source = (SHIPPED / "recipes" / "dist_echo.py").read_text()
+    recipe = tmp_path / "my_recipe.py"
+    recipe.write_text(source.replace('RECIPE_INFO = {"supports_distributed": True, "configs": ["*/*_dist"]}\n', ""))
+    assert "RECIPE_INFO" not in recipe.read_text()
+    config, out_dir = SHIPPED / "configs" / "toy" / "tiny_dist.yaml", tmp_path / "dist"
+    proc = tune_subprocess(
+        "run", "--nproc_per_node", "2", "--standalone", str(recipe), "--config", str(config), f"output_dir={out_dir}"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == ["rank0.json", "rank1.json"]
+
+
 def test_a_failing_distributed_process_is_reported(tune_subprocess, tmp_path):
     recipe, config = SHIPPED / "recipes" / "dist_echo.py", SHIPPED / "configs" / "toy" / "tiny_dist.yaml"
     proc = tune_subprocess(

@@ -1,0 +1,100 @@
+"""torchtune 0.6.1's own recipes, moved with ``tune migrate``, run under tune and train exactly as tune's do.
+
+Each recipe and its Llama 3.2 config are taken at test time from torchtune's published 0.6.1 wheel (downloaded once
+into ``~/.cache/tune-tests`` by tests/recipes/test_torchtune_published_configs.py's fixture; nothing of it is kept
+in this repository), passed through ``tune migrate``, and run with ``tune run <migrated file> --config <migrated
+config>``. tune's recipe of the same name then runs the same migrated config. Both get the same overrides (the
+tiny Llama 3.2 checkpoint, tokenizer and Alpaca file of tests/recipes/_family_assets.py, two steps, ``seed=0``), so
+they must log the same loss at every step: within 1e-5 (fp32 on CPU). The distributed recipes run on 2 gloo ranks
+(slow tier).
+"""
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.recipes import test_torchtune_published_configs as published
+from tests.recipes.test_torchtune_published_configs import run_assets, torchtune_wheel  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.integration
+
+_FAMILY = "llama3_2"
+_SINGLE_DEVICE = [
+    ("full_finetune_single_device", "llama3_2/1B_full_single_device"),
+    ("lora_finetune_single_device", "llama3_2/1B_lora_single_device"),
+]
+_DISTRIBUTED = [
+    ("full_finetune_distributed", "llama3_2/1B_full"),
+    ("lora_finetune_distributed", "llama3_2/1B_lora"),
+]
+
+
+def _tune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tune._cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
+
+
+def _losses(out: Path) -> dict[int, float]:
+    """Step -> loss from every JSONL metric log under ``out``."""
+    losses = {}
+    for log in sorted(out.rglob("*.jsonl")):
+        for line in log.read_text().splitlines():
+            record = json.loads(line)
+            if "loss" in record:
+                losses[record["step"]] = record["loss"]
+    return losses
+
+
+def _migrated(wheel: Path, recipe: str, config: str, root: Path) -> tuple[Path, Path]:
+    """torchtune's recipe file and config from the wheel, through ``tune migrate``: (recipe, config) paths."""
+    source = root / "torchtune"
+    source.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as archive:
+        (source / f"{recipe}.py").write_bytes(archive.read(f"recipes/{recipe}.py"))
+        (source / "config.yaml").write_bytes(archive.read(f"recipes/configs/{config}.yaml"))
+    proc = _tune("migrate", str(source), "--output", str(root / "migrated"), cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    migrated = root / "migrated" / f"{recipe}.py"
+    assert "torchtune" not in "".join(
+        line for line in migrated.read_text().splitlines(keepends=True) if line.lstrip().startswith(("import", "from"))
+    )
+    return migrated, root / "migrated" / "config.yaml"
+
+
+def _run(recipe: str, config: Path, data: Path, out: Path, distributed: bool, cwd: Path) -> dict[int, float]:
+    cfg = yaml.safe_load(config.read_text())
+    overrides = [*published._run_overrides(_FAMILY, cfg, data, out), "seed=0"]
+    torchrun = ["--nproc_per_node", "2", "--standalone"] if distributed else []
+    proc = _tune("run", *torchrun, recipe, "--config", str(config), *overrides, cwd=cwd)
+    assert proc.returncode == 0, f"{recipe}:\n{proc.stderr[-4000:]}"
+    return _losses(out)
+
+
+def _compare(wheel: Path, run_assets, tmp_path: Path, recipe: str, config: str, distributed: bool) -> None:  # noqa: F811
+    data = run_assets(_FAMILY)
+    migrated, migrated_config = _migrated(wheel, recipe, config, tmp_path)
+    theirs = _run(str(migrated), migrated_config, data, tmp_path / "torchtune_run", distributed, tmp_path)
+    ours = _run(recipe, migrated_config, data, tmp_path / "tune_run", distributed, tmp_path)
+    print(f"{recipe}: torchtune's recipe migrated {theirs}\n{recipe}: tune's recipe           {ours}")
+    assert sorted(theirs) == sorted(ours) == [1, 2]
+    assert [theirs[s] for s in (1, 2)] == pytest.approx([ours[s] for s in (1, 2)], abs=1e-5, rel=0)
+    # the migrated recipe saved its model where torchtune's recipes do (output_dir/epoch_0)
+    saved = sorted(p.name for p in (tmp_path / "torchtune_run" / "epoch_0").iterdir())
+    assert any(name.endswith(".safetensors") for name in saved), saved
+
+
+@pytest.mark.parametrize("recipe,config", _SINGLE_DEVICE, ids=[r for r, _ in _SINGLE_DEVICE])
+def test_migrated_single_device_recipe_trains_as_tunes_own(torchtune_wheel, run_assets, tmp_path, recipe, config):  # noqa: F811
+    _compare(torchtune_wheel, run_assets, tmp_path, recipe, config, distributed=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe,config", _DISTRIBUTED, ids=[r for r, _ in _DISTRIBUTED])
+def test_migrated_distributed_recipe_trains_as_tunes_own(torchtune_wheel, run_assets, tmp_path, recipe, config):  # noqa: F811
+    _compare(torchtune_wheel, run_assets, tmp_path, recipe, config, distributed=True)
