@@ -31,7 +31,7 @@ def evaluate(checkpoint_dir: str, tokenizer_path: str, data_path: str, batch_siz
             tokenizer.tokenize_messages([Message(role="user", content=s["input"])], add_end_tokens=False)[0]
             for s in batch
         ]
-        generated = generate(
+        tokens, _ = generate(
             model,
             prompts,
             max_generated_tokens=16,
@@ -39,6 +39,7 @@ def evaluate(checkpoint_dir: str, tokenizer_path: str, data_path: str, batch_siz
             temperature=0.0,
             stop_tokens=tokenizer.stop_tokens,
         )
+        generated = tokens[:, max(map(len, prompts)) :]  # after the left-padded prompts
         for sample, row in zip(batch, generated.tolist()):
             stop = next((i for i, t in enumerate(row) if t in tokenizer.stop_tokens), len(row))
             answer = tokenizer.decode(row[:stop]).strip()

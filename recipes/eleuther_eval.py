@@ -119,7 +119,7 @@ class TuneLM(TemplateLM):
             max_new = int(gen_kwargs.get("max_gen_toks", 256))
             temperature = float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample", False) else 0.0
             prompt = self.tok_encode(context)[-(self._max_seq_length - max_new) :]
-            new_tokens = generate(
+            tokens, _ = generate(
                 self._model,
                 torch.tensor(prompt, dtype=torch.long, device=self._device),
                 max_generated_tokens=max_new,
@@ -127,7 +127,8 @@ class TuneLM(TemplateLM):
                 temperature=temperature,
                 stop_tokens=self._tokenizer.stop_tokens,
                 use_cache=self._enable_kv_cache,
-            )[0].tolist()
+            )
+            new_tokens = tokens[0, len(prompt) :].tolist()  # the prompt comes first
             stops = [i for i, t in enumerate(new_tokens) if t in set(self._tokenizer.stop_tokens)]
             text = self.tok_decode(new_tokens[: stops[0]] if stops else new_tokens)
             for stop in until:  # cut at the first stop string, as the harness expects

@@ -126,7 +126,7 @@ class InferenceRecipe:
         tokens, _ = self._tokenizer.tokenize_messages(self._messages, add_end_tokens=False)
         rng = torch.Generator(device=self._device).manual_seed(self._seed)
         start = time.perf_counter()
-        generated = generate(
+        generated, _ = generate(
             self._model,
             torch.tensor(tokens, dtype=torch.long, device=self._device),
             max_generated_tokens=self._max_new_tokens,
@@ -137,7 +137,8 @@ class InferenceRecipe:
             stop_tokens=self._tokenizer.stop_tokens,
             rng=rng,
             use_cache=self._enable_kv_cache,
-        )[0].tolist()
+        )
+        generated = generated[0, len(tokens) :].tolist()  # the prompt comes first
         elapsed = time.perf_counter() - start
         # drop what follows a stop token; keep the text before it
         stops = [i for i, t in enumerate(generated) if t in set(self._tokenizer.stop_tokens)]

@@ -6,7 +6,7 @@ in this repository), passed through ``tune migrate``, and run with ``tune run <m
 config>``. tune's recipe of the same name then runs the same migrated config. Both get the same overrides (the
 tiny Llama 3.2 checkpoint, tokenizer and Alpaca file of tests/recipes/_family_assets.py, two steps, ``seed=0``), so
 they must log the same loss at every step: within 1e-5 (fp32 on CPU). The distributed recipes run on 2 gloo ranks
-(slow tier).
+(slow tier). torchtune's generate.py, migrated the same way, continues a prompt as tune's generate recipe does.
 """
 
 import json
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.recipes import _torchtune_generate as _generate
 from tests.recipes import test_torchtune_published_configs as published
 from tests.recipes.test_torchtune_published_configs import run_assets, torchtune_wheel  # noqa: F401 - fixtures
 
@@ -98,3 +99,14 @@ def test_migrated_single_device_recipe_trains_as_tunes_own(torchtune_wheel, run_
 @pytest.mark.parametrize("recipe,config", _DISTRIBUTED, ids=[r for r, _ in _DISTRIBUTED])
 def test_migrated_distributed_recipe_trains_as_tunes_own(torchtune_wheel, run_assets, tmp_path, recipe, config):  # noqa: F811
     _compare(torchtune_wheel, run_assets, tmp_path, recipe, config, distributed=True)
+
+
+def test_migrated_generate_recipe_continues_the_prompt_as_tunes_own(torchtune_wheel, run_assets, tmp_path):  # noqa: F811
+    # torchtune's generate.py and generation.yaml, migrated, greedy on the tiny Llama 2 checkpoint: the text it
+    # logs (prompt and continuation, decoded together) is the prompt followed by what tune's generate prints
+    migrated, ours = _generate.run_both(torchtune_wheel, tmp_path, run_assets(_generate.FAMILY))
+    assert migrated.returncode == 0, migrated.stderr[-4000:]
+    assert ours.returncode == 0, ours.stderr[-4000:]
+    logged, printed = _generate.generated_texts(migrated, ours)
+    print(f"torchtune's generate.py, migrated: {logged!r}\ntune's generate recipe:            {printed!r}")
+    assert printed and logged == _generate.PROMPT + printed

@@ -70,10 +70,11 @@ class ChatFormat(Protocol):
         ...
 
 
-def check_messages(messages: Any, fmt: ChatFormat) -> list[Message]:
+def check_messages(messages: Any, fmt: ChatFormat, *, add_end_tokens: bool = True) -> list[Message]:
     """Checks a conversation before rendering it with ``fmt`` and returns it as a list of :class:`Message`.
 
-    Dicts with ``role``/``content`` keys are accepted and converted.
+    Dicts with ``role``/``content`` keys are accepted and converted. ``add_end_tokens=False`` (the last turn left
+    open) also allows an empty final assistant turn with ``eot=True``, as torchtune's generation recipe sends it.
 
     Raises:
         TypeError: if ``messages`` is not a list of messages.
@@ -99,10 +100,12 @@ def check_messages(messages: Any, fmt: ChatFormat) -> list[Message]:
         if not text.strip():
             if message.contains_media:
                 raise ValueError(_media_error(index, message))
-            if not (index == len(messages) - 1 and message.role == "assistant" and not message.eot):
+            open_turn = not message.eot or not add_end_tokens
+            if not (index == len(messages) - 1 and message.role == "assistant" and open_turn):
                 raise ValueError(
                     f"message {index} ({message.role}) has empty content {text!r}; drop the message or give it text "
-                    "(an empty assistant turn is only allowed last, with eot=False, as a generation prompt)."
+                    "(an empty assistant turn is only allowed last, with eot=False or add_end_tokens=False, as a "
+                    "generation prompt)."
                 )
         elif message._parts is not None and message.contains_media:
             raise ValueError(_media_error(index, message))

@@ -72,15 +72,15 @@ def generate(
     stop_tokens: Sequence[int] | None = None,
     rng: torch.Generator | None = None,
     use_cache: bool = True,
-    return_logits: bool = False,
     custom_generate_next_token: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Generates tokens after each prompt of a batch.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generates tokens after each prompt of a batch; returns the prompt followed by them, and their logits.
 
-    Prompts of different lengths are left-padded: padding is never attended and positions start at 0 at each
-    row's first real token, so every row computes what it would alone. A row that produced one of
-    ``stop_tokens`` keeps that token and gets ``pad_id`` afterwards; generation ends when every row stopped or
-    ``max_generated_tokens`` were produced.
+    The return value means what torchtune's ``generate`` returns. Prompts of different lengths are left-padded:
+    padding is never attended and positions start at 0 at each row's first real token, so every row computes
+    what it would alone. A row that produced one of ``stop_tokens`` keeps that token; the tokens after it are 0
+    and so are their logits. Generation ends when every row stopped or ``max_generated_tokens`` were produced.
+    The new tokens of a prompt of length ``s`` are ``tokens[:, s:]``.
 
     With ``use_cache`` the prompt is run once and each new token attends the KV cache (set up here for the
     batch when the model has none, and removed again afterwards; caches the caller set up are reset and kept).
@@ -91,23 +91,24 @@ def generate(
             input_pos)`` returning [b, s, vocab] logits, and for ``use_cache`` ``setup_caches``,
             ``caches_are_enabled``, ``reset_caches`` (and ``delete_caches``).
         prompt (torch.Tensor | Sequence[Sequence[int]]): token ids: [s] or [b, s] already left-padded with
-            ``pad_id`` (leading pad ids are padding), or a list of token-id lists of any lengths.
+            ``pad_id`` (leading pad ids are padding), or a list of token-id lists of any lengths (left-padded
+            here with ``pad_id``).
         max_generated_tokens (int): most tokens to generate per row.
-        pad_id (int): padding id, for the prompt and for rows that stopped. Default 0.
+        pad_id (int): padding id of the prompt. Default 0.
         temperature (float): 0 for greedy; otherwise the sampling temperature. Default 1.0.
         top_k (int | None): sample among the k most likely tokens only. Default None.
         top_p (float | None): nucleus sampling mass. Default None.
         stop_tokens (Sequence[int] | None): ids that end a row (e.g. the tokenizer's ``stop_tokens``). Default None.
         rng (torch.Generator | None): generator for reproducible sampling. Default None.
         use_cache (bool): use a KV cache. Default True.
-        return_logits (bool): also return the logits each new token was drawn from. Default False.
         custom_generate_next_token (Callable | None): replaces :func:`generate_next_token` for every token after
             the first (typically a ``torch.compile``-d copy of it); called with the same arguments and returning
             ``(tokens [b, 1], logits [b, 1, vocab])``. ``top_p`` cannot be combined with it. Default None.
 
     Returns:
-        torch.Tensor | tuple[torch.Tensor, torch.Tensor]: generated tokens [b, n] int64 (without the prompt;
-        ``n <= max_generated_tokens``), and with ``return_logits`` also their logits [b, n, vocab] float32.
+        tuple[torch.Tensor, torch.Tensor]: ``tokens`` [b, s + n], the (left-padded) prompt followed by the ``n``
+        generated tokens (``n <= max_generated_tokens``), in the prompt's integer dtype (int64 for a list
+        prompt); and ``logits`` [b, n, vocab], the logits each generated token was drawn from.
 
     Raises:
         ValueError: for bad sampling arguments, an empty or all-padding prompt, a sequence longer than the
@@ -146,9 +147,9 @@ def generate(
     if use_cache and hasattr(model, "caches_are_setup") and model.caches_are_setup() and not model.caches_are_enabled():
         use_cache = False  # the caller disabled the caches (disable_kv_cache): recompute instead
     step = _CachedStep(model, batch_size, dtype, total_len) if use_cache else _FullStep(model)
-    sequence = torch.cat([tokens, tokens.new_full((batch_size, max_generated_tokens), pad_id)], dim=1)
+    sequence = torch.cat([tokens, tokens.new_zeros((batch_size, max_generated_tokens))], dim=1)
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)
-    new_logits, num_generated = [], 0
+    new_logits, running = [], []  # per step: [b, vocab] logits, [b] rows not yet stopped before the step
     try:
         with torch.no_grad():
             for cur in range(prompt_len, total_len):
@@ -161,21 +162,21 @@ def generate(
                     next_token, logits = custom_generate_next_token(
                         model, input_pos=input_pos, x=x, mask=mask, temperature=temperature, top_k=top_k, q=q
                     )
-                    next_token, logits = next_token.reshape(batch_size), logits[:, -1]
-                next_token = next_token.masked_fill(done, pad_id)
-                sequence[:, cur] = next_token
-                num_generated += 1
-                if return_logits:
-                    new_logits.append(logits.float())
+                    logits = logits[:, -1]
+                next_token = next_token.reshape(batch_size).long()
+                # a stopped row's later tokens are 0, as torchtune leaves them (whatever pad_id is)
+                sequence[:, cur] = next_token.masked_fill(done, 0)
+                new_logits.append(logits)
+                running.append(~done)
                 done = done | torch.isin(next_token, stop)
                 if done.all():  # one host sync per step; generation is sequential anyway
                     break
     finally:
         step.close()
-    generated = sequence[:, prompt_len : prompt_len + num_generated]
-    if return_logits:
-        return generated, torch.stack(new_logits, dim=1)
-    return generated
+    num_generated = len(new_logits)
+    logits = torch.stack(new_logits, dim=1).masked_fill(~torch.stack(running, dim=1)[..., None], 0.0)
+    out_dtype = prompt.dtype if isinstance(prompt, torch.Tensor) else torch.long
+    return sequence[:, : prompt_len + num_generated].to(out_dtype), logits
 
 
 def generate_next_token(
@@ -195,18 +196,18 @@ def generate_next_token(
             returning ``[b, s, vocab]`` logits).
         input_pos (torch.Tensor): ``[b, s]`` positions of ``x``.
         x (torch.Tensor): ``[b, s]`` token ids (with a KV cache: only the tokens not in the cache yet).
-        q (torch.Tensor | None): ``[b, vocab]`` Exponential(1) noise for :func:`sample`; None draws with
-            ``torch.multinomial``.
+        q (torch.Tensor | None): ``[b, vocab]`` Exponential(1) noise for :func:`sample`; None draws it from the
+            global generator.
         mask (torch.Tensor | None): ``[b, s, s_kv]`` bool attention mask; None for causal attention.
         temperature (float): sampling temperature; 0 for greedy. Default 1.0.
         top_k (int | None): sample among the k most likely tokens only. Default None.
 
     Returns:
-        tuple[torch.Tensor, torch.Tensor]: the next tokens ``[b, 1]`` int64 and their logits ``[b, 1, vocab]``.
+        tuple[torch.Tensor, torch.Tensor]: the next tokens ``[b, 1]`` int32 (as :func:`sample` returns them) and
+        their logits ``[b, 1, vocab]``.
     """
     logits = model(x, input_pos=input_pos, mask=mask)[:, -1]  # [b, vocab]
-    tokens = sample(logits, temperature, top_k, q=q)
-    return tokens[:, None], logits[:, None]
+    return sample(logits, temperature, top_k, q=q), logits[:, None]
 
 
 def _exponential_noise(batch_size: int, model: nn.Module, rng: torch.Generator, device: torch.device) -> torch.Tensor:

@@ -60,43 +60,39 @@ def sample(
     rng: torch.Generator | None = None,
     q: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Picks one token per row from next-token logits.
+    """Picks one token per row from next-token logits, as torchtune's ``sample`` does.
 
     ``temperature == 0`` is greedy (argmax). Otherwise the logits are divided by ``temperature``, filtered by
     top-k and then top-p (the order Hugging Face ``transformers`` applies them in), and a token is drawn from
-    the softmax.
+    the softmax by the exponential race: ``argmax(probs / q)`` with ``q`` Exponential(1) noise is a draw from
+    ``probs``. The noise is drawn as torchtune draws it (float32, the logits' shape, from ``rng`` or the global
+    generator), so a seed gives the tokens torchtune gives for float32 logits without ``top_p``.
 
     Args:
-        logits (torch.Tensor): [b, vocab] (or [vocab]) next-token logits.
+        logits (torch.Tensor): [..., vocab] next-token logits, e.g. [b, vocab].
         temperature (float): softmax temperature; 0 for greedy. Default 1.0.
         top_k (int | None): keep only the k most likely tokens. Default None (all).
         top_p (float | None): keep the smallest set of tokens holding this probability mass. Default None (all).
-        rng (torch.Generator | None): generator for reproducible draws, on the logits' device. Default None
-            (the global generator).
-        q (torch.Tensor | None): [b, vocab] (or [vocab]) draws of an Exponential(1) distribution, as torchtune's
-            ``sample`` takes them: the token is then ``argmax(probs / q)``, which is a draw from ``probs`` (the
-            exponential race), with the randomness supplied by the caller. Default None (``torch.multinomial``).
+        rng (torch.Generator | None): generator for the noise, on the logits' device. Default None (the global
+            generator).
+        q (torch.Tensor | None): [..., vocab] Exponential(1) noise supplied by the caller (``rng`` is then
+            unused). Default None (drawn here).
 
     Returns:
-        torch.Tensor: [b] (or scalar for 1-D input) int64 token ids.
+        torch.Tensor: [..., 1] int32 token ids, e.g. [b, 1] for [b, vocab] logits.
 
     Raises:
         ValueError: for a negative temperature, a non-positive top_k, or top_p outside (0, 1].
     """
     _check_sampling_args(temperature, top_k, top_p)
-    squeeze = logits.dim() == 1
-    logits = logits[None] if squeeze else logits
     if temperature == 0:
-        tokens = logits.argmax(dim=-1)
-    else:
-        scaled = logits.float() / temperature
-        if top_k is not None:
-            scaled = apply_top_k(scaled, top_k)
-        if top_p is not None:
-            scaled = apply_top_p(scaled, top_p)
-        probs = torch.softmax(scaled, dim=-1)
-        if q is None:
-            tokens = torch.multinomial(probs, num_samples=1, generator=rng).squeeze(-1)
-        else:
-            tokens = (probs / q.reshape(probs.shape)).argmax(dim=-1)
-    return tokens[0] if squeeze else tokens
+        return logits.argmax(dim=-1, keepdim=True).int()
+    scaled = logits.float() / temperature
+    if top_k is not None:
+        scaled = apply_top_k(scaled, top_k)
+    if top_p is not None:
+        scaled = apply_top_p(scaled, top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    if q is None:
+        q = torch.empty_like(probs).exponential_(1, generator=rng)
+    return (probs / q.reshape(probs.shape)).argmax(dim=-1, keepdim=True).int()

@@ -63,6 +63,15 @@ class TestValidation:
         with pytest.raises(ValueError, match=r"message 1 \(user\) has empty content '  '"):
             tok.tokenize_messages([Message("system", "s"), Message("user", "  ")])
 
+    def test_empty_last_assistant_turn_is_a_generation_prompt_when_the_end_is_left_open(self, tok):
+        # torchtune's generation recipe sends [user, assistant ""] with the end left open: the same tokens as an
+        # open assistant turn (eot=False); with end tokens it is still an empty message
+        user = Message("user", "Hi there")
+        open_turn = tok.tokenize_messages([user, Message("assistant", "", eot=False)], add_end_tokens=False)
+        assert tok.tokenize_messages([user, Message("assistant", "")], add_end_tokens=False) == open_turn
+        with pytest.raises(ValueError, match=r"message 1 \(assistant\) has empty content"):
+            tok.tokenize_messages([user, Message("assistant", "")])
+
     def test_non_string_content_is_refused(self):
         with pytest.raises(ValueError, match="content must be a string or a list"):
             Message("user", 42)

@@ -1,128 +1,139 @@
-"""generate(): KV cache vs recomputation, left padding, stop tokens, and parity with transformers' greedy generate."""
+"""generate(): torchtune's return meaning (prompt + new tokens, and their logits) against a plain greedy loop and
+torchtune 0.6.1's own outputs; KV cache vs recomputation, left padding, stop tokens, and parity with transformers'
+greedy generate."""
 
 import pytest
 import torch
 from torch import nn
 
+from tests.tune.generation._torchtune_reference import PADDED_PROMPT, VOCAB, call_kwargs, tiny_decoder
 from tune.generation import generate, generate_next_token, left_pad
-from tune.modules import (
-    FeedForward,
-    MultiHeadAttention,
-    RMSNorm,
-    RotaryPositionalEmbeddings,
-    TransformerDecoder,
-    TransformerSelfAttentionLayer,
-    disable_kv_cache,
-)
+from tune.modules import TransformerDecoder, disable_kv_cache
 
-VOCAB = 64
 PROMPTS = [[5, 9, 3, 7, 1, 2], [11, 4, 8]]  # different lengths: the second row is left-padded by 3
+PROMPT_LEN = 6
 
-
-def _tiny_decoder(max_seq_len: int = 48) -> TransformerDecoder:
-    """A 2-layer GQA decoder built straight from tune.modules (no family code involved)."""
-    torch.manual_seed(0)
-    dim, num_heads, num_kv_heads, head_dim = 32, 4, 2, 8
-    rope = RotaryPositionalEmbeddings(head_dim, max_seq_len)
-    layers = []
-    for _ in range(2):
-        attn = MultiHeadAttention(
-            embed_dim=dim,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            q_proj=nn.Linear(dim, num_heads * head_dim, bias=False),
-            k_proj=nn.Linear(dim, num_kv_heads * head_dim, bias=False),
-            v_proj=nn.Linear(dim, num_kv_heads * head_dim, bias=False),
-            output_proj=nn.Linear(num_heads * head_dim, dim, bias=False),
-            pos_embeddings=rope,
-            max_seq_len=max_seq_len,
-        )
-        mlp = FeedForward(
-            gate_proj=nn.Linear(dim, 64, bias=False),
-            down_proj=nn.Linear(64, dim, bias=False),
-            up_proj=nn.Linear(dim, 64, bias=False),
-        )
-        layers.append(TransformerSelfAttentionLayer(attn, mlp, sa_norm=RMSNorm(dim), mlp_norm=RMSNorm(dim)))
-    return TransformerDecoder(
-        tok_embeddings=nn.Embedding(VOCAB, dim),
-        layers=layers,
-        max_seq_len=max_seq_len,
-        num_heads=num_heads,
-        head_dim=head_dim,
-        norm=RMSNorm(dim),
-        output=nn.Linear(dim, VOCAB, bias=False),
-    ).eval()
+# torchtune 0.6.1's generate and sample on tiny_decoder(), computed with torchtune's own environment by
+# `python -m tests.tune.generation._torchtune_reference` (see that file): name -> (tokens, dtype, logits shape).
+TORCHTUNE_OUTPUTS = {
+    "greedy": (
+        [[5, 9, 3, 7, 1, 2, 11, 47, 15, 51, 30, 3, 20, 44], [0, 0, 0, 11, 4, 8, 23, 28, 6, 38, 41, 48, 16, 9]],
+        "torch.int64",
+        [2, 8, 64],
+    ),
+    "stop": ([[5, 9, 3, 7, 1, 2, 11, 47, 15], [0, 0, 0, 11, 4, 8, 23, 0, 0]], "torch.int64", [2, 3, 64]),
+    "rng": (
+        [[5, 9, 3, 7, 1, 2, 32, 63, 42, 43, 48, 53], [0, 0, 0, 11, 4, 8, 14, 54, 59, 63, 27, 21]],
+        "torch.int64",
+        [2, 6, 64],
+    ),
+    "global_seed": (
+        [[5, 9, 3, 7, 1, 2, 60, 42, 61, 12, 10, 53], [0, 0, 0, 11, 4, 8, 14, 6, 3, 8, 61, 4]],
+        "torch.int64",
+        [2, 6, 64],
+    ),
+}
+GLOBAL_SEED = 5  # the seed of the "global_seed" call in _torchtune_reference.CALLS
 
 
 @pytest.fixture(scope="module")
 def model() -> TransformerDecoder:
-    return _tiny_decoder()
+    return tiny_decoder()
 
 
-def test_cache_and_recompute_give_the_same_greedy_tokens(model):
-    cached = generate(model, PROMPTS, max_generated_tokens=12, temperature=0.0)
-    recomputed = generate(model, PROMPTS, max_generated_tokens=12, temperature=0.0, use_cache=False)
-    assert cached.shape == (2, 12)
-    assert torch.equal(cached, recomputed)
+def _greedy_loop(model: nn.Module, prompt: list[int], num_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """The reference: one unpadded prompt, the whole sequence through ``model(...)`` at every step, argmax."""
+    sequence, logits = list(prompt), []
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            last = model(torch.tensor([sequence]))[0, -1]
+            logits.append(last)
+            sequence.append(int(last.argmax()))
+    return sequence[len(prompt) :], torch.stack(logits)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_tokens_are_the_prompt_then_what_a_greedy_loop_generates(model, use_cache):
+    tokens, logits = generate(model, PROMPTS, max_generated_tokens=7, temperature=0.0, use_cache=use_cache)
+    assert tokens.shape == (2, PROMPT_LEN + 7) and tokens.dtype == torch.int64
+    assert logits.shape == (2, 7, VOCAB) and logits.dtype == torch.float32
+    padded, _ = left_pad(PROMPTS, pad_id=0)
+    assert torch.equal(tokens[:, :PROMPT_LEN], padded)  # the prompt as given, padding included
+    for row, prompt in enumerate(PROMPTS):
+        new_tokens, new_logits = _greedy_loop(model, prompt, 7)
+        assert tokens[row, PROMPT_LEN:].tolist() == new_tokens, row
+        torch.testing.assert_close(logits[row], new_logits, rtol=0, atol=1e-5)
     assert not model.caches_are_enabled()  # caches set up by generate are removed again
 
 
+@pytest.mark.parametrize("name", sorted(TORCHTUNE_OUTPUTS))
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_equals_torchtune_outputs(model, name, use_cache):
+    expected_tokens, dtype, logits_shape = TORCHTUNE_OUTPUTS[name]
+    if name == "global_seed":
+        torch.manual_seed(GLOBAL_SEED)
+    tokens, logits = generate(model, torch.tensor(PADDED_PROMPT), use_cache=use_cache, **call_kwargs(name))
+    assert tokens.tolist() == expected_tokens
+    assert str(tokens.dtype) == dtype and list(logits.shape) == logits_shape
+
+
+def test_prompt_shapes_and_dtypes(model):
+    one_row, _ = generate(model, torch.tensor(PROMPTS[0]), max_generated_tokens=3, temperature=0.0)
+    assert one_row.shape == (1, PROMPT_LEN + 3)  # a [s] prompt gives a batch of one, as in torchtune
+    as_int32, _ = generate(model, torch.tensor([PROMPTS[0]], dtype=torch.int32), max_generated_tokens=3, temperature=0)
+    assert as_int32.dtype == torch.int32 and torch.equal(as_int32.long(), one_row)  # the prompt's dtype is kept
+
+
 def test_left_padded_rows_generate_what_they_would_alone(model):
-    batched = generate(model, PROMPTS, max_generated_tokens=10, temperature=0.0)
+    batched, _ = generate(model, PROMPTS, max_generated_tokens=10, temperature=0.0)
     for row, prompt in enumerate(PROMPTS):
-        alone = generate(model, torch.tensor(prompt), max_generated_tokens=10, temperature=0.0)
-        assert torch.equal(batched[row], alone[0]), row
-
-
-def test_logits_match_a_full_forward(model):
-    tokens, logits = generate(model, PROMPTS, max_generated_tokens=6, temperature=0.0, return_logits=True)
-    assert logits.shape == (2, 6, VOCAB)
-    for row, prompt in enumerate(PROMPTS):
-        sequence = torch.tensor([prompt + tokens[row].tolist()])
-        with torch.no_grad():
-            reference = model(sequence)[0, len(prompt) - 1 : -1]  # the logits that predicted each new token
-        torch.testing.assert_close(logits[row], reference, rtol=0, atol=1e-5)
+        alone, _ = generate(model, torch.tensor(prompt), max_generated_tokens=10, temperature=0.0)
+        assert torch.equal(batched[row, PROMPT_LEN:], alone[0, len(prompt) :]), row
 
 
 def test_tensor_prompt_with_leading_padding_equals_list_prompt(model):
     tokens, _ = left_pad(PROMPTS, pad_id=0)
     assert tokens.tolist() == [[5, 9, 3, 7, 1, 2], [0, 0, 0, 11, 4, 8]]
-    from_list = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0)
-    assert torch.equal(generate(model, tokens, max_generated_tokens=5, temperature=0.0), from_list)
+    from_list, _ = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0)
+    from_tensor, _ = generate(model, tokens, max_generated_tokens=5, temperature=0.0)
+    assert torch.equal(from_tensor, from_list)
 
 
-def test_stop_tokens_end_rows_and_pad_them(model):
-    free = generate(model, PROMPTS, max_generated_tokens=10, temperature=0.0)
-    stop = int(free[0, 2])  # row 0 produces this token at step 2 (and maybe earlier); it ends row 0 there
-    first = int((free[0] == stop).nonzero()[0])
-    stopped = generate(model, PROMPTS, max_generated_tokens=10, temperature=0.0, stop_tokens=[stop], pad_id=0)
-    assert torch.equal(stopped[0, : first + 1], free[0, : first + 1])
-    assert (stopped[0, first + 1 :] == 0).all()
-    row1_stops = (free[1] == stop).nonzero()
-    end1 = int(row1_stops[0]) + 1 if len(row1_stops) else free.shape[1]
-    assert torch.equal(stopped[1, :end1], free[1, :end1])
-    # generation ends as soon as every row has stopped
-    assert stopped.shape[1] == max(first + 1, end1)
+def test_stopped_rows_get_zero_tokens_and_zero_logits_whatever_the_pad_id(model):
+    free, free_logits = generate(model, PROMPTS, max_generated_tokens=10, temperature=0.0, pad_id=63)
+    new = free[:, PROMPT_LEN:]
+    stop = int(new[0, 2])  # row 0 produces this token at step 2 (and maybe earlier); it ends row 0 there
+    first = int((new[0] == stop).nonzero()[0])
+    stopped, logits = generate(model, PROMPTS, max_generated_tokens=10, temperature=0.0, stop_tokens=[stop], pad_id=63)
+    row1_stops = (new[1] == stop).nonzero()
+    end1 = int(row1_stops[0]) + 1 if len(row1_stops) else new.shape[1]
+    num_generated = max(first + 1, end1)  # generation ends as soon as every row has stopped
+    assert stopped.shape == (2, PROMPT_LEN + num_generated) and logits.shape == (2, num_generated, VOCAB)
+    for row, end in enumerate([first + 1, end1]):
+        assert torch.equal(stopped[row, : PROMPT_LEN + end], free[row, : PROMPT_LEN + end]), row
+        assert (stopped[row, PROMPT_LEN + end :] == 0).all(), row  # 0, not pad_id: torchtune's meaning
+        torch.testing.assert_close(logits[row, :end], free_logits[row, :end], rtol=0, atol=1e-5)
+        assert (logits[row, end:] == 0).all(), row
 
 
 def test_sampling_is_reproducible_and_cache_independent(model):
     kwargs = dict(max_generated_tokens=8, temperature=0.9, top_k=20, top_p=0.9)
-    cached = generate(model, PROMPTS, rng=torch.Generator().manual_seed(3), **kwargs)
-    recomputed = generate(model, PROMPTS, rng=torch.Generator().manual_seed(3), use_cache=False, **kwargs)
+    cached, _ = generate(model, PROMPTS, rng=torch.Generator().manual_seed(3), **kwargs)
+    recomputed, _ = generate(model, PROMPTS, rng=torch.Generator().manual_seed(3), use_cache=False, **kwargs)
     assert torch.equal(cached, recomputed)
 
 
 def test_caller_caches_are_reset_and_kept(model):
     model.setup_caches(batch_size=2, dtype=torch.float32, decoder_max_seq_len=40)
     try:
-        first = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0)
-        second = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0)
+        first, _ = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0)
+        second, _ = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0)
         assert torch.equal(first, second)
         assert model.caches_are_enabled()
     finally:
         model.delete_caches()
-    assert torch.equal(first, generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0, use_cache=False))
+    recomputed, _ = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0, use_cache=False)
+    assert torch.equal(first, recomputed)
 
 
 def test_errors(model):
@@ -180,7 +191,7 @@ def _hf_greedy(hf_model, prompts, max_new_tokens, eos_token_id=None):
         pad_token_id=0,
         eos_token_id=eos_token_id,
     )
-    return out[:, tokens.shape[1] :]
+    return out
 
 
 HF_PROMPTS = [[17, 5, 42, 8, 91, 3, 60], [33, 7, 12]]
@@ -188,19 +199,19 @@ HF_PROMPTS = [[17, 5, 42, 8, 91, 3, 60], [33, 7, 12]]
 
 def test_greedy_matches_transformers(llama_pair):
     hf_model, ours = llama_pair
-    expected = _hf_greedy(hf_model, HF_PROMPTS, max_new_tokens=10)
-    assert torch.equal(generate(ours, HF_PROMPTS, max_generated_tokens=10, temperature=0.0), expected)
-    no_cache = generate(ours, HF_PROMPTS, max_generated_tokens=10, temperature=0.0, use_cache=False)
+    expected = _hf_greedy(hf_model, HF_PROMPTS, max_new_tokens=10)  # prompt + new tokens, as ours
+    assert torch.equal(generate(ours, HF_PROMPTS, max_generated_tokens=10, temperature=0.0)[0], expected)
+    no_cache, _ = generate(ours, HF_PROMPTS, max_generated_tokens=10, temperature=0.0, use_cache=False)
     assert torch.equal(no_cache, expected)
 
 
 def test_stop_token_matches_transformers_eos(llama_pair):
     hf_model, ours = llama_pair
-    free = _hf_greedy(hf_model, HF_PROMPTS, max_new_tokens=10)
+    free = _hf_greedy(hf_model, HF_PROMPTS, max_new_tokens=10)[:, len(HF_PROMPTS[0]) :]
     eos = int(free[1, 3])  # row 1 emits it by step 3; row 0 continues (or stops too) exactly as in transformers
     expected = _hf_greedy(hf_model, HF_PROMPTS, max_new_tokens=10, eos_token_id=eos)
-    ours_out = generate(ours, HF_PROMPTS, max_generated_tokens=10, temperature=0.0, stop_tokens=[eos], pad_id=0)
-    assert torch.equal(ours_out, expected)
+    ours_out, _ = generate(ours, HF_PROMPTS, max_generated_tokens=10, temperature=0.0, stop_tokens=[eos], pad_id=0)
+    assert torch.equal(ours_out, expected)  # transformers pads a finished row with pad_token_id=0, torchtune with 0
 
 
 def test_generate_next_token_samples_after_the_last_position(model):
@@ -209,7 +220,7 @@ def test_generate_next_token_samples_after_the_last_position(model):
     with torch.no_grad():
         next_token, logits = generate_next_token(model, positions, tokens, temperature=0.0)
         full = model(tokens)
-    assert next_token.shape == (1, 1) and logits.shape == (1, 1, VOCAB)
+    assert next_token.shape == (1, 1) and next_token.dtype == torch.int32 and logits.shape == (1, 1, VOCAB)
     torch.testing.assert_close(logits[:, 0], full[:, -1])
     assert next_token.item() == full[0, -1].argmax().item()
 
@@ -222,8 +233,8 @@ def test_custom_generate_next_token_is_used_after_the_first_token(model, use_cac
         calls.append(kwargs["x"].shape[1])
         return generate_next_token(*args, **kwargs)
 
-    plain = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0, use_cache=use_cache)
-    custom = generate(
+    plain, _ = generate(model, PROMPTS, max_generated_tokens=5, temperature=0.0, use_cache=use_cache)
+    custom, _ = generate(
         model,
         PROMPTS,
         max_generated_tokens=5,
@@ -239,11 +250,11 @@ def test_custom_generate_next_token_is_used_after_the_first_token(model, use_cac
 
 
 def test_caches_disabled_by_the_caller_are_left_alone(model):
-    want = generate(model, PROMPTS, max_generated_tokens=4, temperature=0.0, use_cache=False)
+    want, _ = generate(model, PROMPTS, max_generated_tokens=4, temperature=0.0, use_cache=False)
     model.setup_caches(batch_size=2, dtype=torch.float32)
     try:
         with disable_kv_cache(model):
-            got = generate(model, PROMPTS, max_generated_tokens=4, temperature=0.0)
+            got, _ = generate(model, PROMPTS, max_generated_tokens=4, temperature=0.0)
         assert all(layer.attn.kv_cache.size == 0 for layer in model.layers)
     finally:
         model.delete_caches()

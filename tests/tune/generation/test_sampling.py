@@ -1,4 +1,5 @@
-"""Sampling: greedy, temperature, top-k and top-p against hand-derived distributions and transformers' warpers."""
+"""Sampling: greedy, temperature, top-k and top-p against hand-derived distributions and transformers' warpers;
+torchtune's return meaning ([..., 1] int32) and its seeded draws."""
 
 import math
 
@@ -14,16 +15,39 @@ def _log(probs: list[float]) -> torch.Tensor:
 
 def _frequencies(logits: torch.Tensor, num_draws: int, **kwargs) -> torch.Tensor:
     rng = torch.Generator().manual_seed(1234)
-    tokens = sample(logits.expand(num_draws, -1), rng=rng, **kwargs)
-    return torch.bincount(tokens, minlength=logits.shape[-1]).float() / num_draws
+    tokens = sample(logits.expand(num_draws, -1), rng=rng, **kwargs)[:, 0]
+    return torch.bincount(tokens.long(), minlength=logits.shape[-1]).float() / num_draws
 
 
 def test_greedy_is_argmax():
     logits = torch.randn(5, 50)
-    assert torch.equal(sample(logits, temperature=0.0), logits.argmax(dim=-1))
-    assert sample(logits[0], temperature=0.0).dim() == 0
+    argmax = logits.argmax(dim=-1, keepdim=True).int()
+    assert torch.equal(sample(logits, temperature=0.0), argmax)
     # top-k / top-p do not change the argmax, which both always keep
-    assert torch.equal(sample(logits, temperature=0.0, top_k=3, top_p=0.5), logits.argmax(dim=-1))
+    assert torch.equal(sample(logits, temperature=0.0, top_k=3, top_p=0.5), argmax)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_returns_torchtune_shape_and_dtype(temperature):
+    # torchtune's sample: argmax(..., keepdim=True) as int32, so [..., vocab] -> [..., 1]
+    for shape in [(10,), (3, 10), (2, 3, 10)]:
+        tokens = sample(torch.randn(shape), temperature=temperature)
+        assert tokens.shape == (*shape[:-1], 1) and tokens.dtype == torch.int32, shape
+
+
+def test_seeded_draws_equal_torchtune():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 10)
+    torch.manual_seed(1)
+    tokens = sample(logits, temperature=0.8, top_k=5)
+    # torchtune 0.6.1's sample(logits, temperature=0.8, top_k=5) after the same seeds, computed with its own
+    # environment by `python -m tests.tune.generation._torchtune_reference` (torch 2.13 in both)
+    assert tokens.tolist() == [[5], [4], [6], [9]] and tokens.dtype == torch.int32
+    # the same draw written out: the exponential race over the top-5 softmax, noise from the global generator
+    torch.manual_seed(1)
+    q = torch.empty(4, 10).exponential_(1)
+    probs = torch.softmax(apply_top_k(logits / 0.8, 5), dim=-1)
+    assert torch.equal(tokens, (probs / q).argmax(dim=-1, keepdim=True).int())
 
 
 def test_top_k_hand_derived():
@@ -108,8 +132,8 @@ def test_q_noise_picks_argmax_of_probs_over_q():
     logits = torch.tensor([[1.0, 2.0, 0.5, 3.0], [0.0, 0.0, 0.0, 0.0]])
     q = torch.tensor([[0.1, 5.0, 0.2, 4.0], [3.0, 0.5, 1.0, 2.0]])
     probs = torch.softmax(logits / 0.7, dim=-1)
-    assert torch.equal(sample(logits, temperature=0.7, q=q), (probs / q).argmax(dim=-1))
-    assert sample(logits, temperature=0.0, q=q).tolist() == [3, 0]  # greedy ignores the noise
+    assert torch.equal(sample(logits, temperature=0.7, q=q), (probs / q).argmax(dim=-1, keepdim=True).int())
+    assert sample(logits, temperature=0.0, q=q).tolist() == [[3], [0]]  # greedy ignores the noise
     # with exponential noise the draws follow the distribution (the exponential race)
     gen = torch.Generator().manual_seed(0)
     row = torch.tensor([[0.0, math.log(3.0)]])  # probabilities 1/4, 3/4

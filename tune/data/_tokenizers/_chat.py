@@ -156,9 +156,9 @@ class ChatTokenizer:
 
     def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
         """The chat format's segments for ``messages`` (after validation and the prompt template)."""
-        messages = check_messages(messages, self.chat_format)
+        messages = check_messages(messages, self.chat_format, add_end_tokens=add_end_tokens)
         if self.prompt_template is not None:
-            messages = check_messages(self.prompt_template(messages), self.chat_format)
+            messages = check_messages(self.prompt_template(messages), self.chat_format, add_end_tokens=add_end_tokens)
         return self.chat_format.render(messages, add_end_tokens=add_end_tokens)
 
     def tokenize_messages(
