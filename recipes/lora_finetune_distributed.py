@@ -395,6 +395,7 @@ class LoRAFinetuneRecipeDistributed:
             training.load_from_full_model_state_dict(
                 model, adapter_state_dict, device, strict=False, cpu_offload=offload
             )
+        training.validate_no_params_on_meta_device(model)  # adapters not loaded must have been initialised
 
     def _shard_device(self) -> torch.device:
         return torch.device("cpu") if self._fsdp_cpu_offload else self._device

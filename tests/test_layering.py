@@ -30,6 +30,9 @@ ALLOWED = {
     "datasets": {"data", "utils"},
     "models": {"modules", "modules.peft", "data", "utils", "registry", "plugins"},
     "training": {"modules", "modules.peft", "data", "utils", "registry", "plugins"},
+    # torchtune's CheckpointClient, at torchtune's path (the one exception to "training never imports config"):
+    # it builds the checkpointer a recipe config names
+    "training.checkpoint_client": {"training", "config", "modules", "modules.peft", "data", "utils", "registry"},
     "generation": {"modules", "data", "utils"},
     # config reads a recipe's policy from its config (tune/config/_training.py): checks and builds with training
     # and data components; those never import config
@@ -71,6 +74,8 @@ def _layer(module: str) -> str:
         return "modules.peft"
     if parts[1] == "modules" and len(parts) > 2 and parts[2] == "transforms":
         return "modules.transforms"
+    if parts[1:4] == ["training", "checkpointing", "_checkpoint_client"]:
+        return "training.checkpoint_client"
     return parts[1]
 
 

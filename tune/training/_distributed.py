@@ -45,7 +45,20 @@ class LoadResult(NamedTuple):
 
 
 def is_distributed() -> bool:
-    """Whether a default process group is initialised (with more than one rank or not)."""
+    """Whether this process was launched for a distributed run (by torchrun or ``tune run --nproc_per_node``).
+
+    True when ``torch.distributed`` is available and the environment holds what its ``env://`` initialisation
+    reads: ``MASTER_ADDR``, ``MASTER_PORT`` and ``RANK`` (as torchtune's ``is_distributed``). Whether a process
+    group is initialised yet is another question: ``torch.distributed.is_initialized()``.
+
+    Returns:
+        bool: whether the torchrun environment is set.
+    """
+    launched = all(os.environ.get(name, "") for name in ("MASTER_ADDR", "MASTER_PORT")) and "RANK" in os.environ
+    return launched and int(os.environ["RANK"]) >= 0 and dist.is_available()
+
+
+def _has_process_group() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
@@ -87,7 +100,7 @@ def init_distributed(backend: str | None = None, timeout_seconds: float | None =
         ValueError: if NCCL is requested on a machine without CUDA.
     """
     backend = _resolve_backend(backend)
-    if is_distributed():
+    if _has_process_group():
         return False
     kwargs = {**kwargs, "backend": backend}
     if timeout_seconds is not None:
@@ -109,7 +122,7 @@ def _destroy_at_exit() -> None:
     # active exception", SIGABRT) instead of letting it exit with its own status: this happens when a recipe stops
     # with an error before its cleanup. Destroy the group now, and collect the recipe's objects that keep the
     # subgroups of its device mesh (a DeviceMesh holds its ProcessGroups after destroy_process_group).
-    if is_distributed():
+    if _has_process_group():
         dist.destroy_process_group()
     gc.collect()
 
@@ -125,7 +138,7 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     Returns:
         torch.Tensor: the sum over ranks.
     """
-    if not is_distributed() or dist.get_world_size() == 1:
+    if not _has_process_group() or dist.get_world_size() == 1:
         return tensor
     total = tensor.clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
@@ -146,7 +159,7 @@ def sync_seed(seed: int | None) -> int | None:
         int | None: the seed to pass to :func:`tune.training.set_seed` (``None`` only without a process group,
         where ``set_seed`` draws one itself).
     """
-    if seed is not None or not is_distributed() or dist.get_world_size() == 1:
+    if seed is not None or not _has_process_group() or dist.get_world_size() == 1:
         return seed
     drawn = [random.SystemRandom().randint(0, 2**32 - 1) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(drawn, src=0)
@@ -177,7 +190,7 @@ def errors_on_all_ranks() -> Iterator[None]:
     Raises:
         TuneError: the error a rank's block raised (its own class, e.g. ``MetricLoggerError``), on every rank.
     """
-    if not is_distributed() or dist.get_world_size() == 1:
+    if not _has_process_group() or dist.get_world_size() == 1:
         yield
         return
     failure = None
@@ -295,7 +308,7 @@ def shard_model(
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    if not is_distributed():
+    if not _has_process_group():
         raise ValueError("shard_model needs a process group: call tune.training.init_distributed() first.")
     # FSDP splits parameters over the mesh's last dimension (the only one for FSDP, the shard one for HSDP)
     num_shards = dist.get_world_size() if dp_mesh is None else dp_mesh.size(dp_mesh.ndim - 1)
@@ -339,10 +352,13 @@ def load_from_full_model_state_dict(
     non-persistent buffers left on meta (RoPE tables) are materialised and recomputed with the module's
     ``rope_init``/``reset_parameters``.
 
-    Parameters the checkpoint does not hold (LoRA adapters at the start of training) are loaded with
-    ``strict=False`` and must be real already: initialise them before :func:`shard_model`, on every rank with
-    the same seed (``module.to_empty(device="cpu")`` then ``module.reset_parameters()`` on the adapter
-    submodules of the meta model), so every rank holds the same full values and FSDP keeps each rank's shard.
+    Parameters the checkpoint does not hold (LoRA adapters at the start of training) are left as they are, with
+    ``strict=False``: initialise them before :func:`shard_model`, on every rank with the same seed
+    (``module.to_empty(device="cpu")`` then ``module.reset_parameters()`` on the adapter submodules of the meta
+    model), so every rank holds the same full values and FSDP keeps each rank's shard. A model may be loaded in
+    parts, as torchtune's recipes do when resuming (the adapter, then the base weights): what the first call does
+    not hold stays on the meta device until a later one. Check the finished model with
+    :func:`validate_no_params_on_meta_device`.
 
     Args:
         model (nn.Module): the sharded model (its parameters are DTensors).
@@ -359,8 +375,7 @@ def load_from_full_model_state_dict(
         (``unexpected_keys``), like ``nn.Module.load_state_dict``.
 
     Raises:
-        ValueError: for missing or unexpected keys (when ``strict``), a shape mismatch, or parameters left on
-            the meta device (neither in the checkpoint nor initialised before sharding).
+        ValueError: for missing or unexpected keys (when ``strict``), or a shape mismatch.
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -397,13 +412,6 @@ def load_from_full_model_state_dict(
         module_name, _, param_name = key.rpartition(".")
         setattr(model.get_submodule(module_name), param_name, nn.Parameter(value, requires_grad=False))
     _materialise_meta_buffers(model, compute_device)
-    still_meta = [name for name, param in model.named_parameters() if param.is_meta]
-    if still_meta:
-        raise ValueError(
-            f"{len(still_meta)} parameters are neither in the checkpoint nor initialised: {still_meta[:5]}"
-            f"{'...' if len(still_meta) > 5 else ''}. Initialise them before shard_model (same seed on every rank: "
-            "`module.to_empty(device='cpu'); module.reset_parameters()`), or load a checkpoint that has them."
-        )
     return LoadResult(
         missing_keys=sorted(set(current) - set(full_state_dict)),
         unexpected_keys=sorted(set(full_state_dict) - set(current)),
@@ -431,7 +439,7 @@ def _shard_nf4(key: str, full: torch.Tensor, target: Any) -> torch.Tensor:
 
 
 def _default_device() -> torch.device:
-    if is_distributed() and dist.get_backend() == "nccl":
+    if _has_process_group() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -523,13 +531,14 @@ def get_distributed_backend(device_type: str, offload_ops_to_cpu: bool = False) 
     Args:
         device_type (str): ``"cpu"``, ``"cuda"``, ``"xpu"``, ...; a type torch does not map gets ``"nccl"``.
         offload_ops_to_cpu (bool): also give CPU tensors a backend (``"cuda:nccl,cpu:gloo"``), for FSDP CPU
-            offload or asynchronous DCP saves. Default False.
+            offload or asynchronous DCP saves; on CPU, whose backend already is gloo, it changes nothing.
+            Default False.
 
     Returns:
         str: a backend string for :func:`init_distributed` or ``init_process_group``.
     """
     backend = dist.Backend.default_device_backend_map.get(device_type, "nccl")
-    if offload_ops_to_cpu:
+    if offload_ops_to_cpu and device_type != "cpu":  # "cpu:gloo,cpu:gloo" is rejected by init_process_group
         return f"{device_type}:{backend},cpu:gloo"
     return backend
 
