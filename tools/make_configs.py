@@ -58,6 +58,8 @@ SIZES = [
     Size("llama2", "7B", "llama2_7b", "LLAMA2", L2, "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
     Size("llama2", "13B", "llama2_13b", "LLAMA2", L2, "tokenizer.model", None, ("lora", "qlora"), big=True),
     Size("llama2", "70B", "llama2_70b", "LLAMA2", L2, "tokenizer.model", None, ("qlora",), big=True),
+    # Code Llama: a Llama 2 architecture read with the Llama 2 converter (torchtune's configs say LLAMA2 too)
+    Size("code_llama2", "7B", "code_llama2_7b", "LLAMA2", L2, "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
     Size("llama3", "8B", "llama3_8b", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),
     Size("llama3", "70B", "llama3_70b", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
     Size("llama3_1", "8B", "llama3_1_8b", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),

@@ -72,6 +72,16 @@ FAMILIES: dict[str, FamilySpec] = {
         {"full": "llama2/13B_full.yaml", "lora": "llama2/13B_lora.yaml"},
         "sentencepiece",
     ),  # fmt: skip
+    # Code Llama is a Llama 2 architecture with no builder of its own: its builders call llama2's
+    "code_llama2": FamilySpec(
+        "code_llama2_7b",
+        "code_llama2",
+        "llama2",
+        "llama2",
+        _single("code_llama2/7B"),
+        {},
+        "sentencepiece",
+    ),  # fmt: skip
     "llama3": FamilySpec(
         "llama3_8b",
         "llama3",
@@ -233,6 +243,8 @@ def hf_config(family: str):
     llama = dict(rms_norm_eps=1e-5, tie_word_embeddings=False)
     if family == "llama2":  # meta-llama/Llama-2-7b-hf
         return transformers.LlamaConfig(rope_theta=10_000.0, **llama, **common)
+    if family == "code_llama2":  # codellama/CodeLlama-7b-hf
+        return transformers.LlamaConfig(rope_theta=1_000_000.0, **llama, **common)
     if family == "llama3":  # meta-llama/Meta-Llama-3-8B-Instruct
         return transformers.LlamaConfig(rope_theta=500_000.0, **llama, **common)
     if family in ("llama3_1", "llama3_3"):  # meta-llama/Llama-3.1-8B-Instruct, Llama-3.3-70B-Instruct

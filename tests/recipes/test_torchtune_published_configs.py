@@ -46,7 +46,19 @@ pytestmark = pytest.mark.integration
 _VERSION = "0.6.1"
 _CACHE = Path(os.environ.get("TUNE_TEST_CACHE", Path.home() / ".cache" / "tune-tests")) / f"torchtune-{_VERSION}"
 # the families tune ships, by torchtune's config folder name
-_FAMILIES = ("llama2", "llama3", "llama3_1", "llama3_2", "llama3_3", "mistral", "qwen2_5", "qwen3", "gemma2", "phi3")
+_FAMILIES = (
+    "llama2",
+    "code_llama2",
+    "llama3",
+    "llama3_1",
+    "llama3_2",
+    "llama3_3",
+    "mistral",
+    "qwen2_5",
+    "qwen3",
+    "gemma2",
+    "phi3",
+)
 # torchtune's fine-tuning recipes (not DPO, PPO, knowledge distillation, evaluation or generation)
 _SFT_RECIPES = (
     "full_finetune_single_device",
