@@ -51,6 +51,24 @@ class AdapterConverter:
     from_peft: Callable[..., Any]
 
 
+@dataclass(frozen=True)
+class TorchtuneLayout:
+    """How torchtune 0.6.1's model of a family names and orders its weights, where that differs from tune's.
+
+    Module names are tune's in every case; torchtune names the norms' parameter ``scale`` (tune: ``weight``).
+
+    Args:
+        interleaved_rope (bool): torchtune's RoPE for the family rotates interleaved pairs (Meta's layout: Llama,
+            Mistral, Gemma), so the q/k projection rows are permuted to tune's rotate_half order on load. False
+            where torchtune's RoPE is rotate_half like tune's (Qwen, Phi-3).
+        key_renames (tuple[tuple[str, str], ...]): ``(regex, replacement)`` pairs from torchtune's keys (after
+            ``scale`` -> ``weight``) to tune's where the names differ; the first pair that matches renames a key.
+    """
+
+    interleaved_rope: bool = False
+    key_renames: tuple[tuple[str, str], ...] = ()
+
+
 @dataclass
 class ModelFamily:
     """What a model family provides to the rest of tune.
@@ -74,6 +92,11 @@ class ModelFamily:
         tp_plan (Callable | None): ``model -> dict[str, ParallelStyle]`` tensor-parallel plan.
         adapter_converter (AdapterConverter | None): LoRA adapters <-> PEFT where HF fuses modules tune keeps
             apart; ``None``: adapters map module by module through ``tune_to_hf``/``hf_to_tune``.
+        torchtune_layout (TorchtuneLayout | None): how torchtune 0.6.1's model of this family lays out its weights,
+            for reading (and writing back) files of torchtune's ``FullModelTorchTuneCheckpointer``; None where
+            torchtune has no such family (such files are then read with tune's own keys).
+        sizes (Mapping[str, Any]): the released sizes (the family's ``MODEL_SIZES``: builder name -> ``ModelSize``
+            with ``dims``), where checkpointers look up head counts that a checkpoint does not state.
         extra (dict): anything else a plugin wants to attach.
     """
 
@@ -88,6 +111,8 @@ class ModelFamily:
     fsdp_shard_modules: Callable[..., Any] | None = None
     tp_plan: Callable[..., Any] | None = None
     adapter_converter: AdapterConverter | None = None
+    torchtune_layout: "TorchtuneLayout | None" = None
+    sizes: Mapping[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

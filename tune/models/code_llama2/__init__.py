@@ -15,7 +15,7 @@ from tune.models.code_llama2._model_builders import (
     qlora_code_llama2_70b,
 )
 from tune.models.llama2 import llama2_tokenizer, llama_hf_to_tune, llama_tune_to_hf
-from tune.registry import ModelFamily
+from tune.registry import ModelFamily, TorchtuneLayout
 
 # Hugging Face's model_type is "llama"; the llama2 family builds any Llama from a config.json, so this one declares
 # no from_hf_config. torchtune's Code Llama configs use the Llama 2 tokenizer.
@@ -29,6 +29,8 @@ FAMILY = ModelFamily(
     from_hf_config=None,
     aliases=(),
     tp_plan=base_llama_tp_plan,
+    torchtune_layout=TorchtuneLayout(interleaved_rope=True),  # torchtune's RoPE here rotates interleaved pairs
+    sizes=_model_builders.MODEL_SIZES,
 )
 
 __all__ = [

@@ -16,7 +16,7 @@ from tune.models.gemma2._model_builders import (
     qlora_gemma2_27b,
 )
 from tune.models.gemma2._tokenizer import GemmaTokenizer, gemma2_tokenizer, gemma_tokenizer
-from tune.registry import ModelFamily
+from tune.registry import ModelFamily, TorchtuneLayout
 
 FAMILY = ModelFamily(
     name="gemma2",
@@ -27,6 +27,18 @@ FAMILY = ModelFamily(
     hf_model_types=("gemma2",),
     from_hf_config=gemma2_from_hf_config,
     aliases=(),
+    # torchtune wraps the final norm (norm.rms_norm), and torchtune 0.6.1's converter puts Hugging Face's
+    # post-feed-forward norm in mlp_norm and the pre-feed-forward one in mlp_scale, the reverse of tune's (and of
+    # where its own layer applies them): read back, its files give the model its Hugging Face export computes
+    torchtune_layout=TorchtuneLayout(
+        interleaved_rope=True,
+        key_renames=(
+            (r"^norm\.rms_norm\.", "norm."),
+            (r"^(layers\.\d+)\.mlp_norm\.", r"\1.mlp_scale."),
+            (r"^(layers\.\d+)\.mlp_scale\.", r"\1.mlp_norm."),
+        ),
+    ),
+    sizes=_model_builders.MODEL_SIZES,
 )
 
 __all__ = [

@@ -21,7 +21,7 @@ from tune.models.llama2._model_builders import (
 )
 from tune.models.llama2._prompt_template import Llama2ChatTemplate
 from tune.models.llama2._tokenizer import Llama2Tokenizer, llama2_tokenizer
-from tune.registry import ModelFamily
+from tune.registry import ModelFamily, TorchtuneLayout
 
 FAMILY = ModelFamily(
     name="llama2",
@@ -33,6 +33,8 @@ FAMILY = ModelFamily(
     from_hf_config=llama_from_hf_config,
     aliases=(),
     tp_plan=base_llama_tp_plan,
+    torchtune_layout=TorchtuneLayout(interleaved_rope=True),  # torchtune's RoPE here rotates interleaved pairs
+    sizes=_model_builders.MODEL_SIZES,
 )
 
 __all__ = [

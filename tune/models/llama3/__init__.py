@@ -14,7 +14,7 @@ from tune.models.llama3._model_builders import (
     qlora_llama3_70b,
 )
 from tune.models.llama3._tokenizer import Llama3Tokenizer, llama3_special_tokens, llama3_tokenizer
-from tune.registry import ModelFamily
+from tune.registry import ModelFamily, TorchtuneLayout
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
 # a config.json (llama_from_hf_config reads RoPE scaling and tied embeddings), so this one declares no
@@ -29,6 +29,8 @@ FAMILY = ModelFamily(
     from_hf_config=None,
     aliases=(),
     tp_plan=base_llama_tp_plan,
+    torchtune_layout=TorchtuneLayout(interleaved_rope=True),  # torchtune's RoPE here rotates interleaved pairs
+    sizes=_model_builders.MODEL_SIZES,
 )
 
 __all__ = [

@@ -6,7 +6,7 @@ from tune.models.llama2 import llama_hf_to_tune, llama_tune_to_hf
 from tune.models.llama3 import llama3_tokenizer
 from tune.models.llama3_3 import _model_builders
 from tune.models.llama3_3._model_builders import llama3_3_70b, lora_llama3_3_70b, qlora_llama3_3_70b
-from tune.registry import ModelFamily
+from tune.registry import ModelFamily, TorchtuneLayout
 
 # All Llama generations share Hugging Face's model_type "llama"; the llama2 family builds any of them from
 # a config.json (llama_from_hf_config reads RoPE scaling and tied embeddings), so this one declares no
@@ -21,6 +21,8 @@ FAMILY = ModelFamily(
     from_hf_config=None,
     aliases=(),
     tp_plan=base_llama_tp_plan,
+    torchtune_layout=TorchtuneLayout(interleaved_rope=True),  # torchtune's RoPE here rotates interleaved pairs
+    sizes=_model_builders.MODEL_SIZES,
 )
 
 __all__ = [

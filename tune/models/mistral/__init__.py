@@ -15,7 +15,7 @@ from tune.models.mistral._model_builders import (
 )
 from tune.models.mistral._prompt_template import MistralChatTemplate
 from tune.models.mistral._tokenizer import MistralTokenizer, mistral_tokenizer
-from tune.registry import ModelFamily
+from tune.registry import ModelFamily, TorchtuneLayout
 
 FAMILY = ModelFamily(
     name="mistral",
@@ -27,6 +27,8 @@ FAMILY = ModelFamily(
     from_hf_config=mistral_from_hf_config,
     aliases=(),
     tp_plan=base_llama_tp_plan,
+    torchtune_layout=TorchtuneLayout(interleaved_rope=True),  # torchtune's RoPE here rotates interleaved pairs
+    sizes=_model_builders.MODEL_SIZES,
 )
 
 __all__ = [

@@ -15,7 +15,7 @@ from tune.models.phi3._convert_weights import (
 from tune.models.phi3._model_builders import lora_phi3_mini, phi3_mini, qlora_phi3_mini
 from tune.models.phi3._tokenizer import Phi3MiniTokenizer, phi3_mini_tokenizer
 from tune.modules import RotaryPositionalEmbeddings
-from tune.registry import AdapterConverter, ModelFamily
+from tune.registry import AdapterConverter, ModelFamily, TorchtuneLayout
 
 # torchtune's Phi-3 RoPE is the rotate-half RoPE tune uses everywhere (same arguments, same values): one module
 Phi3RotaryPositionalEmbeddings = RotaryPositionalEmbeddings
@@ -32,6 +32,8 @@ FAMILY = ModelFamily(
     aliases=("phi3_mini",),
     # HF fuses q/k/v and gate/up, which tune keeps apart: adapters on them are fused and split on the way
     adapter_converter=AdapterConverter(to_peft=phi3_adapter_to_peft, from_peft=phi3_peft_to_adapter),
+    torchtune_layout=TorchtuneLayout(interleaved_rope=False),  # torchtune's RoPE here is rotate_half too
+    sizes=_model_builders.MODEL_SIZES,
 )
 
 __all__ = [

@@ -44,7 +44,7 @@ from tune.models.qwen2_5._model_builders import (
     qwen2_5_72b_instruct,
 )
 from tune.models.qwen2_5._tokenizer import QWEN2_PATTERN, qwen2_5_tokenizer
-from tune.registry import ModelFamily
+from tune.registry import ModelFamily, TorchtuneLayout
 
 FAMILY = ModelFamily(
     name="qwen2_5",
@@ -56,6 +56,8 @@ FAMILY = ModelFamily(
     from_hf_config=qwen2_from_hf_config,
     aliases=("qwen2",),
     tp_plan=base_qwen_tp_plan,
+    torchtune_layout=TorchtuneLayout(interleaved_rope=False),  # torchtune's RoPE here is rotate_half too
+    sizes=_model_builders.MODEL_SIZES,
 )
 
 __all__ = [

@@ -53,6 +53,7 @@ FAMILY = ModelFamily(
     from_hf_config=qwen3_from_hf_config,
     aliases=(),
     tp_plan=base_qwen_tp_plan,
+    sizes=_model_builders.MODEL_SIZES,
 )
 
 __all__ = [

@@ -24,10 +24,13 @@ from tune.training.checkpointing._formats import (
     StateDictConverter,
     adapter_to_peft,
     hf_to_meta,
+    is_torchtune_layout,
     merge_adapter,
     meta_to_hf,
     peft_to_adapter,
     split_adapter,
+    torchtune_to_tune,
+    tune_to_torchtune,
 )
 from tune.training.checkpointing._io import (
     PICKLE_SUFFIXES,
@@ -178,6 +181,14 @@ class _Checkpointer:
 
     def _from_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    def _adapter_to_tune(self, adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """An adapter file in tune's keys -> tune's layout (a format may keep it in its own layout)."""
+        return adapter
+
+    def _adapter_from_tune(self, adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inverse of :meth:`_adapter_to_tune`, for adapters written with tune's keys."""
+        return adapter
 
     def _hf_config(self) -> dict[str, Any]:
         """The HF config dict that the family's converters receive."""
@@ -352,7 +363,7 @@ class _Checkpointer:
                 peft_config=config,
                 adapter_converter=self._family.adapter_converter,
             )
-        return state
+        return self._adapter_to_tune(state)
 
     def _converter(self, name: str) -> StateDictConverter:
         converter = getattr(self._family, name, None) if self._family is not None else None
@@ -499,7 +510,7 @@ class _Checkpointer:
                 adapter_converter=self._family.adapter_converter,  # Phi-3's fused projections, say
             )
         else:  # no HF mapping known (native format without a family): keep tune's keys
-            weights = dict(adapter)
+            weights = self._adapter_from_tune(dict(adapter))
             suffix = ".lora_a.weight"
             ranks = {k[: -len(suffix)]: v.shape[0] for k, v in adapter.items() if k.endswith(suffix)}
         rank = int(adapter_config.get("r") or max(ranks.values()))
@@ -761,14 +772,90 @@ class FullModelTorchTuneCheckpointer(_Checkpointer):
     def _setup_format(self) -> None:
         config_path = self._checkpoint_dir / "config.json"
         self._config = read_json(config_path, "The model config") if config_path.is_file() else {}
+        self._model_family = self._family  # kept for torchtune's layout even when adapters keep tune's keys
         if not self._config:
             self._family = None  # without config.json no HF names can be derived: adapters keep tune's keys
+        # set when the weights read are in torchtune's layout: (tune key -> torchtune key, q/k head counts or None)
+        self._torchtune_layout: tuple[dict[str, str], tuple[int, int] | None] | None = None
 
     def _to_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return state_dict
+        layout = self._model_family.torchtune_layout if self._model_family is not None else None
+        self._torchtune_layout = None
+        if layout is None or not is_torchtune_layout(state_dict):
+            if self._model_family is None and is_torchtune_layout(state_dict):
+                log.warning(
+                    "The weights have parameters named `scale`, as torchtune names its norms: if torchtune wrote them, "
+                    "set `checkpointer.model_type` (e.g. LLAMA3_2) so that they are converted to tune's layout."
+                )
+            return state_dict
+        heads = self._torchtune_rope_heads(state_dict) if layout.interleaved_rope else None
+        converted = torchtune_to_tune(state_dict, heads, renames=layout.key_renames)
+        renamed = {new: old for new, old in zip(converted, state_dict) if new != old}
+        self._torchtune_layout = (renamed, heads)
+        log.info(
+            "The weights read are in torchtune's layout (norms' `scale`"
+            + (", q/k rows in interleaved RoPE order" if heads else "")
+            + "): converted to tune's on load, and written back in torchtune's layout."
+        )
+        return converted
 
     def _from_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return dict(state_dict)
+        if self._torchtune_layout is None:
+            return dict(state_dict)
+        renamed, heads = self._torchtune_layout
+        return tune_to_torchtune(state_dict, heads, renamed)
+
+    def _adapter_to_tune(self, adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self._torchtune_layout is None:
+            return adapter
+        return torchtune_to_tune(adapter, self._torchtune_layout[1])
+
+    def _adapter_from_tune(self, adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self._torchtune_layout is None:
+            return adapter
+        return tune_to_torchtune(adapter, self._torchtune_layout[1], {})
+
+    def _torchtune_rope_heads(self, state_dict: Mapping[str, torch.Tensor]) -> tuple[int, int]:
+        """(num_heads, num_kv_heads) to undo torchtune's interleaved q/k rows."""
+        family = self._model_family
+        where = self._files[0].parent
+        if self._config.get("num_attention_heads"):
+            num_heads = int(self._config["num_attention_heads"])
+            return num_heads, int(self._config.get("num_key_value_heads") or num_heads)
+        params_path = self._checkpoint_dir / "params.json"
+        if params_path.is_file():
+            params = read_json(params_path, "Meta's model description")
+            return int(params["n_heads"]), int(params.get("n_kv_heads") or params["n_heads"])
+        heads = _heads_from_sizes(family, state_dict)
+        if heads is None:
+            raise CheckpointError(
+                f"{where} holds {family.name} weights in torchtune's layout, whose q/k rows tune reorders for its "
+                "RoPE layout; that needs the head counts, and the shapes match no released size of the family. Put "
+                f"the model's Hugging Face config.json (num_attention_heads, num_key_value_heads) in {where}."
+            )
+        return heads
+
+
+def _heads_from_sizes(family: ModelFamily, state_dict: Mapping[str, torch.Tensor]) -> tuple[int, int] | None:
+    """The head counts of the family's released size whose dimensions the weights have; None if none or ambiguous."""
+    q, k = state_dict.get("layers.0.attn.q_proj.weight"), state_dict.get("layers.0.attn.k_proj.weight")
+    embed = state_dict.get("tok_embeddings.weight")
+    if q is None or k is None or embed is None:
+        return None
+    num_layers = len({key.split(".")[1] for key in state_dict if key.startswith("layers.")})
+    found = set()
+    for size in family.sizes.values():
+        dims = size.dims
+        head_dim = dims.get("head_dim") or dims["embed_dim"] // dims["num_heads"]
+        num_kv_heads = dims.get("num_kv_heads") or dims["num_heads"]
+        if (
+            tuple(embed.shape) == (dims["vocab_size"], dims["embed_dim"])
+            and dims["num_layers"] == num_layers
+            and q.shape[0] == dims["num_heads"] * head_dim
+            and k.shape[0] == num_kv_heads * head_dim
+        ):
+            found.add((int(dims["num_heads"]), int(num_kv_heads)))
+    return found.pop() if len(found) == 1 else None
 
 
 # torchtune defines DistributedCheckpointer in this module; code importing it from here keeps working

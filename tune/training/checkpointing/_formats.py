@@ -7,7 +7,7 @@ goes through HF.
 """
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -124,6 +124,90 @@ def hf_to_meta(state_dict: Mapping[str, torch.Tensor], num_heads: int, num_kv_he
         elif key.endswith("k_proj.weight"):
             value = permute_hf_to_meta(value, num_kv_heads)
         converted[_map_key(key, _HF_TO_META, "Hugging Face")] = value
+    return converted
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torchtune's own layout (FullModelTorchTuneCheckpointer)
+# ---------------------------------------------------------------------------------------------------------------
+
+# q/k projection entries whose rows follow the RoPE layout: weights, biases, LoRA B and DoRA magnitudes
+_ROPE_ROWS = re.compile(r"\.(q|k)_proj\.(weight|bias|lora_b\.weight|magnitude)$")
+_TORCHTUNE_NORM_SUFFIX = ".scale"
+
+
+def is_torchtune_layout(state_dict: Mapping[str, Any]) -> bool:
+    """Whether a state dict of a family torchtune has was written by torchtune: its norms' parameter is ``scale``.
+
+    tune (like Hugging Face) names the parameter of RMSNorm and Gemma's norms ``weight``; torchtune names it
+    ``scale``. No model of the families tune shares with torchtune has a parameter called ``scale``, so one such key
+    decides (a user's own family may: the checkpointer asks only for families with a ``TorchtuneLayout``).
+    """
+    return any(key.endswith(_TORCHTUNE_NORM_SUFFIX) for key in state_dict)
+
+
+def _permute_rows(value: torch.Tensor, num_heads: int, to_rotate_half: bool) -> torch.Tensor:
+    flat = value.reshape(value.shape[0], -1)  # [out, in] weights, [out, r] LoRA B, [out] biases and magnitudes
+    permute = permute_meta_to_hf if to_rotate_half else permute_hf_to_meta
+    return permute(flat, num_heads).reshape(value.shape)
+
+
+def torchtune_to_tune(
+    state_dict: Mapping[str, Any],
+    heads: tuple[int, int] | None = None,
+    renames: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """Converts weights in torchtune's layout (as its ``FullModelTorchTuneCheckpointer`` writes them) to tune's.
+
+    Module names are the same; two things differ. torchtune names the norms' parameter ``scale`` (tune:
+    ``weight``), and for the families whose torchtune RoPE rotates interleaved pairs (Llama, Mistral, Gemma:
+    ``TorchtuneLayout.interleaved_rope``) the rows of the q/k projections are in Meta's order, where tune
+    uses Hugging Face's rotate_half order. LoRA B matrices and DoRA magnitudes of q/k follow their rows.
+
+    Args:
+        state_dict (Mapping[str, Any]): torchtune's keys (model weights, adapter weights, or both).
+        heads (tuple[int, int] | None): ``(num_heads, num_kv_heads)`` to permute the q/k rows; None for a family
+            whose torchtune RoPE is already rotate_half (Qwen, Phi-3).
+        renames (Sequence[tuple[str, str]]): the family's ``TorchtuneLayout.key_renames``: ``(regex, replacement)``
+            applied (first match) after ``scale`` -> ``weight``.
+
+    Returns:
+        dict[str, Any]: tune's keys and layout.
+    """
+    compiled = [(re.compile(pattern), replacement) for pattern, replacement in renames]
+    converted = {}
+    for key, value in state_dict.items():
+        if key.endswith(_TORCHTUNE_NORM_SUFFIX):
+            key = key[: -len(_TORCHTUNE_NORM_SUFFIX)] + ".weight"
+        for pattern, replacement in compiled:
+            if pattern.search(key):
+                key = pattern.sub(replacement, key)
+                break
+        if heads is not None and (match := _ROPE_ROWS.search(key)) is not None:
+            value = _permute_rows(value, heads[0] if match[1] == "q" else heads[1], to_rotate_half=True)
+        converted[key] = value
+    return converted
+
+
+def tune_to_torchtune(
+    state_dict: Mapping[str, Any], heads: tuple[int, int] | None, names: Mapping[str, str]
+) -> dict[str, Any]:
+    """The inverse of :func:`torchtune_to_tune`: tune's weights back in torchtune's layout.
+
+    Args:
+        state_dict (Mapping[str, Any]): tune's keys.
+        heads (tuple[int, int] | None): as for :func:`torchtune_to_tune`.
+        names (Mapping[str, str]): tune key -> torchtune key for every key :func:`torchtune_to_tune` renamed
+            (what was read gives the names to write); other keys keep their name.
+
+    Returns:
+        dict[str, Any]: torchtune's keys and layout.
+    """
+    converted = {}
+    for key, value in state_dict.items():
+        if heads is not None and (match := _ROPE_ROWS.search(key)) is not None:
+            value = _permute_rows(value, heads[0] if match[1] == "q" else heads[1], to_rotate_half=False)
+        converted[names.get(key, key)] = value
     return converted
 
 
