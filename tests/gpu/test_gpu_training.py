@@ -58,14 +58,23 @@ def test_bf16_training_tracks_fp32(assets, tmp_path):
     assert bf16 != fp32  # the run did compute in bf16
 
 
+# Comparisons of two numerically different runs past step 1 use SGD, whose update is linear in the gradient: AdamW's
+# first step moves every parameter by about lr * sign(grad), so gradient entries at rounding-noise level flip their
+# update between runs. What SGD showed on an H100 (torch 2.11): inductor's losses left eager's at step 2 by 1.7e-2
+# because torch 2.11's dynamo dropped the weight gradient of RMSNorm's autograd Function (fixed: compiled code
+# runs the composed ops; gradients then agree within 7e-7 relative); NF4 on CUDA vs CPU still parts by 4.4e-4 at
+# step 2 and 2.7e-3 at step 3 (step 1 within 5e-7), not explained yet
+SGD = "optimizer._component_=torch.optim.SGD"
+
+
 def test_inductor_compile_matches_eager(assets, tmp_path):
     env_inductor = {"TORCH_COMPILE_BACKEND": "inductor"}  # the default; set in case the caller's env has another
-    _run(assets, tmp_path / "eager")
-    _run(assets, tmp_path / "inductor", "compile=True", env=env_inductor)
+    _run(assets, tmp_path / "eager", SGD)
+    _run(assets, tmp_path / "inductor", SGD, "compile=True", env=env_inductor)
     eager, compiled = _losses(tmp_path / "eager"), _losses(tmp_path / "inductor")
     assert sorted(compiled) == [1, 2, 3]
     # fp32 throughout; inductor fuses and reorders reductions: float32 rounding over a 320-way log-softmax and
-    # a few AdamW steps stays far below 1e-4
+    # a few SGD steps stays far below 1e-4
     for step in eager:
         assert compiled[step] == pytest.approx(eager[step], abs=1e-4, rel=0), step
 
@@ -151,12 +160,13 @@ def test_float8_training_stays_close_to_bf16(assets, tmp_path):
 
 
 def test_qlora_nf4_on_cuda_matches_cpu(assets, tmp_path):
-    _run(assets, tmp_path / "cuda", "model.quantize_base=True", recipe=LORA, config=LORA_CONFIG)
-    overrides = [f"assets_dir={assets}", f"output_dir={tmp_path / 'cpu'}", "log_every_n_steps=1"]
+    _run(assets, tmp_path / "cuda", SGD, "model.quantize_base=True", recipe=LORA, config=LORA_CONFIG)
+    overrides = [f"assets_dir={assets}", f"output_dir={tmp_path / 'cpu'}", "log_every_n_steps=1", SGD]
     run_recipe(LORA, LORA_CONFIG, [*overrides, "model.quantize_base=True"], cwd=tmp_path, timeout=300)
     on_cuda, on_cpu = _losses(tmp_path / "cuda"), _losses(tmp_path / "cpu")
     assert sorted(on_cuda) == [1, 2, 3]
     # NF4 quantisation is deterministic (nearest of 16 levels per value, absmax scales): both devices hold the
     # same base weights, and the fp32 computation around them differs by float32 rounding
+    assert on_cuda[3] != on_cuda[1]  # SGD at the LoRA config's lr still trains
     for step in on_cpu:
         assert on_cuda[step] == pytest.approx(on_cpu[step], abs=1e-4, rel=0), step

@@ -61,7 +61,14 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalises ``x`` [..., dim] and returns a tensor of the same shape and dtype."""
-        if not self.add_unit_offset and x.dtype == self.weight.dtype and x.dtype in (torch.float32, torch.float64):
+        if (
+            not self.add_unit_offset
+            and x.dtype == self.weight.dtype
+            and x.dtype in (torch.float32, torch.float64)
+            # compiled, the composed ops below fuse and inductor chooses what to keep; and torch 2.11's dynamo
+            # traced this Function's backward with the weight's gradient dropped (zero), measured on an H100
+            and not torch.compiler.is_compiling()
+        ):
             return _RMSNormFunction.apply(x, self.weight, self.eps)
         x_fp32 = x.float()
         normed = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
