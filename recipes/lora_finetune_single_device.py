@@ -37,7 +37,8 @@ from tune.training.checkpointing import StatefulDistributedSampler
 
 RECIPE_INFO = {
     "supports_distributed": False,
-    "configs": ["*/*_lora_single_device", "*/*_qlora_single_device", "demo/*lora*"],
+    # [!D]: not the *_KD_lora_single_device configs, which knowledge_distillation_single_device runs
+    "configs": ["*/*[!D]_lora_single_device", "*/*_qlora_single_device", "demo/*lora*"],
     # the optional keys this recipe reads: filled in from tune.config.OPTIONAL_KEYS where a config leaves them out
     "optional_keys": ["finetune", "lora"],
 }

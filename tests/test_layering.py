@@ -34,6 +34,8 @@ ALLOWED = {
     # it builds the checkpointer a recipe config names
     "training.checkpoint_client": {"training", "config", "modules", "modules.peft", "data", "utils", "registry"},
     "generation": {"modules", "data", "utils"},
+    # preference and RL fine-tuning math (torchtune's torchtune.rlhf): losses, log-probabilities, metrics
+    "rlhf": {"modules", "modules.peft", "data", "utils"},
     # config reads a recipe's policy from its config (tune/config/_training.py): checks and builds with training
     # and data components; those never import config
     "config": {"utils", "plugins", "registry", "training", "data", "modules", "modules.peft"},
@@ -61,7 +63,7 @@ ALLOWED = {
 # users (training, config, _cli: not in ALLOWED["models"]).
 BY_NAME_AT_RUN_TIME = {"registry": {"models"}}
 # what a family module (tune/models/<family>/...) may take from tune.registry: the declaration, not the lookups
-FAMILY_MAY_USE_FROM_REGISTRY = {"ModelFamily", "StateDictConverter", "AdapterConverter"}
+FAMILY_MAY_USE_FROM_REGISTRY = {"ModelFamily", "StateDictConverter", "AdapterConverter", "TorchtuneLayout"}
 THIRD_PARTY_UTILS = {"torch"}  # tune.utils imports only the standard library and torch
 OPTIONAL = {"wandb", "tensorboard", "lm_eval", "torchao", "transformers", "peft"}
 

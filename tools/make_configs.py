@@ -316,6 +316,93 @@ def render_distributed(s: Size, method: str) -> str:
     return out
 
 
+# ---------------------------------------------------------------------------------------------------- DPO
+# One LoRA DPO config per family (<family>/<size>_lora_dpo_single_device.yaml, QLoRA for a 70B-only family), run by
+# lora_dpo_single_device.py: torchtune's llama2/7B and llama3_1/8B settings (stack_exchange_paired, lr 5e-4, weight
+# decay 0.05, 1000 steps, max_seq_len 1024), the family's smallest instruct size where it has several.
+
+DPO_SIZES = [
+    ("llama2", "7B", "lora"), ("code_llama2", "7B", "lora"), ("llama3", "8B", "lora"), ("llama3_1", "8B", "lora"),
+    ("llama3_2", "1B", "lora"), ("llama3_3", "70B", "qlora"), ("mistral", "7B", "lora"), ("qwen2_5", "1.5B", "lora"),
+    ("qwen3", "1.7B", "lora"), ("gemma2", "2B", "lora"), ("phi3", "mini", "lora"),
+]
+DPO_RECIPE = "lora_dpo_single_device"
+
+
+def _dpo_header(s: Size, method: str) -> str:
+    what = "LoRA" if method == "lora" else "QLoRA (NF4 base weights)"
+    ignore = f" --ignore-patterns \"{s.extra_ignore}\"" if s.extra_ignore else ""
+    name = f"{s.family}/{s.size}_{method}_dpo_single_device"
+    return (
+        f"# {what} DPO (direct preference optimization) of {s.repo} on one device, with {DPO_RECIPE}.py.\n"
+        "#\n"
+        "# Download the model first:\n"
+        f"#   tune download {s.repo} --output-dir {_dl_dir(s.repo)}{ignore}\n"
+        "#\n"
+        "# Then run:\n"
+        f"#   tune run {DPO_RECIPE} --config {name}\n"
+        "#\n"
+        "# Any key can be overridden on the command line, e.g. loss.beta=0.05 loss.loss_type=ipo.\n\n"
+    )
+
+
+def render_dpo(s: Size, method: str) -> str:
+    out = _dpo_header(s, method)
+    out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{method}_dpo_single_device\n\n"
+    out += _model(s, method) + "\n"
+    out += (
+        "tokenizer:\n"
+        f"  _component_: tune.models.{s.tokenizer}\n"
+        f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
+        "  max_seq_len: 1024  # per sequence: each pair is a chosen and a rejected sequence\n\n"
+    )
+    out += _checkpointer(s, method)
+    out += (
+        "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
+        "save_every_n_steps: null  # null: save at the end of each epoch only\n"
+        "keep_last_n_checkpoints: null\n\n"
+        "dataset:\n"
+        "  _component_: tune.datasets.stack_exchange_paired_dataset\n"
+        "# batches: the chosen sequences, then the rejected ones, padded to the longest (pairs are not packed)\n"
+        "collate_fn: tune.data.padded_collate_dpo\n"
+        "seed: null\n"
+        "shuffle: True\n"
+        f"batch_size: {2 if s.big else 4}  # pairs\n\n"
+        "optimizer:\n"
+        "  _component_: torch.optim.AdamW\n"
+        "  fused: True\n"
+        "  weight_decay: 0.05\n"
+        "  lr: 5e-4\n"
+        "lr_scheduler:\n"
+        "  _component_: tune.training.lr_schedulers.get_cosine_schedule_with_warmup\n"
+        "  num_warmup_steps: 100\n"
+        "optimizer_in_bwd: False  # True: step each parameter as its gradient is ready (saves memory; no clipping or accumulation)\n"
+        "loss:\n"
+        "  _component_: tune.rlhf.loss.DPOLoss  # tune.rlhf.loss.SimPOLoss: reference-free; RSOLoss: hinge\n"
+        "  beta: 0.1  # higher keeps the policy closer to the reference (the model with adapters disabled)\n"
+        "  label_smoothing: 0.0  # > 0: conservative DPO, as if each preference label were flipped with this probability\n"
+        "  loss_type: sigmoid  # sigmoid (DPO), hinge, ipo (length-normalised) or robust\n\n"
+        "epochs: 1\n"
+        "max_steps_per_epoch: 1000\n"
+        f"gradient_accumulation_steps: {8 if s.big else 4}\n"
+        "clip_grad_norm: null\n"
+        "compile: False  # torch.compile the model: faster steps after a slower first one\n\n"
+        "metric_logger:\n"
+        "  _component_: tune.training.metric_logging.DiskLogger\n"
+        "  log_dir: ${output_dir}/logs\n"
+        "log_every_n_steps: 1\n"
+        "log_peak_memory_stats: True\n\n"
+        "device: cuda\n"
+        "dtype: bf16\n\n"
+        f"enable_activation_checkpointing: {s.big}\n"
+        "enable_activation_offloading: False\n\n"
+        "profiler:\n"
+        "  _component_: tune.training.setup_torch_profiler\n"
+        "  enabled: False\n"
+    )
+    return out
+
+
 def main() -> None:
     written = 0
     for s in SIZES:
@@ -330,8 +417,113 @@ def main() -> None:
             path = ROOT / "configs" / family / f"{size}_{method}.yaml"
             path.write_text(render_distributed(by_name[family, size], method))
             written += 1
+    for family, size, method in DPO_SIZES:
+        path = ROOT / "configs" / family / f"{size}_{method}_dpo_single_device.yaml"
+        path.write_text(render_dpo(by_name[family, size], method))
+        written += 1
     print(f"wrote {written} configs")
+
+
+# ------------------------------------------------------------------------------------- knowledge distillation
+# <teacher>_to_<student>_KD_lora_single_device.yaml (torchtune's names), run by knowledge_distillation_single_device.py:
+# a LoRA student learns from a frozen teacher of the same vocabulary, usually a larger size of its family.
+
+# (config folder, file-name sizes "<teacher>_to_<student>", teacher's SIZES row, student's SIZES row)
+KD_PAIRS = [
+    ("llama3_2", "8B_to_1B", ("llama3_1", "8B"), ("llama3_2", "1B")),  # torchtune's teacher: Llama 3.1 8B
+    ("qwen2_5", "1.5_to_0.5B", ("qwen2_5", "1.5B"), ("qwen2_5", "0.5B")),
+    ("qwen3", "1.7_to_0.6B", ("qwen3", "1.7B"), ("qwen3", "0.6B")),
+    ("gemma2", "9B_to_2B", ("gemma2", "9B"), ("gemma2", "2B")),
+]
+KD_RECIPE = "knowledge_distillation_single_device"
+
+
+def _download_line(s: Size) -> str:
+    ignore = f" --ignore-patterns \"{s.extra_ignore}\"" if s.extra_ignore else ""
+    return f"#   tune download {s.repo} --output-dir {_dl_dir(s.repo)}{ignore}\n"
+
+
+def render_kd(folder: str, sizes: str, teacher: Size, student: Size) -> str:
+    name = f"{folder}/{sizes}_KD_lora_single_device"
+    files = f"[{teacher.checkpoint_files}]" if teacher.checkpoint_files else "null  # null: every shard listed in model.safetensors.index.json"
+    out = (
+        f"# Knowledge distillation on one device, with {KD_RECIPE}.py: a LoRA student,\n"
+        f"# {student.repo}, learns from a frozen teacher, {teacher.repo}.\n"
+        "#\n"
+        "# Download the student and the teacher first:\n"
+        f"{_download_line(student)}{_download_line(teacher)}"
+        "#\n"
+        "# Distillation works best from a teacher already fine-tuned on the same data, e.g. with\n"
+        f"#   tune run lora_finetune_single_device --config {teacher.family}/{teacher.size}_lora_single_device\n"
+        "# and teacher_checkpointer.checkpoint_dir pointed at its merged output.\n"
+        "#\n"
+        "# Then run:\n"
+        f"#   tune run {KD_RECIPE} --config {name}\n"
+        "#\n"
+        "# Any key can be overridden on the command line, e.g. kd_ratio=0.8 batch_size=8.\n\n"
+    )
+    out += f"output_dir: /tmp/tune/{folder}_{sizes}/KD_lora_single_device\n\n"
+    out += _model(student, "lora") + "\n"
+    out += (
+        "# the frozen teacher: any model with the student's vocabulary\n"
+        "teacher_model:\n"
+        f"  _component_: tune.models.{teacher.family}.{teacher.builder}\n"
+        "teacher_checkpointer:\n"
+        "  _component_: tune.training.FullModelHFCheckpointer\n"
+        f"  checkpoint_dir: {_dl_dir(teacher.repo)}\n"
+        f"  checkpoint_files: {files}\n"
+        "  recipe_checkpoint: null\n"
+        "  output_dir: ${output_dir}\n"
+        f"  model_type: {teacher.model_type}\n\n"
+    )
+    out += _tokenizer_checkpointer_dataset(student, "lora")
+    out += (
+        "seed: null\n"
+        "shuffle: True\n"
+        "batch_size: 4\n\n"
+        "optimizer:\n"
+        "  _component_: torch.optim.AdamW\n"
+        "  fused: True\n"
+        "  weight_decay: 0.01\n"
+        "  lr: 3e-4\n"
+        "lr_scheduler:\n"
+        "  _component_: tune.training.lr_schedulers.get_cosine_schedule_with_warmup\n"
+        "  num_warmup_steps: 100\n"
+        "optimizer_in_bwd: False  # True: step each parameter as its gradient is ready (no clipping or accumulation)\n"
+        "loss:  # the student's cross-entropy against the labels\n"
+        "  _component_: tune.modules.loss.CEWithChunkedOutputLoss\n"
+        "kd_loss:  # the divergence from the teacher: ReverseKL, SymmetricKL and GeneralizedJSD variants exist too\n"
+        "  _component_: tune.modules.loss.ForwardKLWithChunkedOutputLoss\n"
+        "kd_ratio: 0.5  # loss = (1 - kd_ratio) * loss + kd_ratio * kd_loss\n\n"
+        "epochs: 1\n"
+        "max_steps_per_epoch: null\n"
+        "gradient_accumulation_steps: 8\n"
+        "clip_grad_norm: null\n"
+        "compile: False  # torch.compile the models and losses: faster steps after a slower first one\n\n"
+        "metric_logger:\n"
+        "  _component_: tune.training.metric_logging.DiskLogger\n"
+        "  log_dir: ${output_dir}/logs\n"
+        "log_every_n_steps: 1\n"
+        "log_peak_memory_stats: True\n\n"
+        "device: cuda\n"
+        "dtype: bf16\n\n"
+        "enable_activation_checkpointing: False\n"
+        "enable_activation_offloading: False\n\n"
+        "profiler:\n"
+        "  _component_: tune.training.setup_torch_profiler\n"
+        "  enabled: False\n"
+    )
+    return out
+
+
+def write_kd_configs() -> int:
+    by_name = {(s.family, s.size): s for s in SIZES}
+    for folder, sizes, teacher, student in KD_PAIRS:
+        path = ROOT / "configs" / folder / f"{sizes}_KD_lora_single_device.yaml"
+        path.write_text(render_kd(folder, sizes, by_name[teacher], by_name[student]))
+    return len(KD_PAIRS)
 
 
 if __name__ == "__main__":
     main()
+    print(f"wrote {write_kd_configs()} knowledge-distillation configs")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from tests.recipes._preference_assets import write_preference_messages
 from tests.recipes.utils import _write_alpaca
 from tests.tune.data import _tiny_tokenizers
 from tests.tune.models._hf_cases import build_hf_model
@@ -168,6 +169,22 @@ FAMILIES: dict[str, FamilySpec] = {
 }
 
 
+# family -> (its shipped LoRA DPO config, relative to configs/; the method its model builder names)
+DPO_CONFIGS: dict[str, tuple[str, str]] = {
+    "llama2": ("llama2/7B_lora_dpo_single_device.yaml", "lora"),
+    "code_llama2": ("code_llama2/7B_lora_dpo_single_device.yaml", "lora"),
+    "llama3": ("llama3/8B_lora_dpo_single_device.yaml", "lora"),
+    "llama3_1": ("llama3_1/8B_lora_dpo_single_device.yaml", "lora"),
+    "llama3_2": ("llama3_2/1B_lora_dpo_single_device.yaml", "lora"),
+    "llama3_3": ("llama3_3/70B_qlora_dpo_single_device.yaml", "qlora"),
+    "mistral": ("mistral/7B_lora_dpo_single_device.yaml", "lora"),
+    "qwen2_5": ("qwen2_5/1.5B_lora_dpo_single_device.yaml", "lora"),
+    "qwen3": ("qwen3/1.7B_lora_dpo_single_device.yaml", "lora"),
+    "gemma2": ("gemma2/2B_lora_dpo_single_device.yaml", "lora"),
+    "phi3": ("phi3/mini_lora_dpo_single_device.yaml", "lora"),
+}
+
+
 def tokenizer_file(kind: str) -> Path:
     """The tiny tokenizer file of a kind, in the form the family's tokenizer builder reads (``tokenizer.path``)."""
     if kind == "sentencepiece":
@@ -277,11 +294,13 @@ def hf_config(family: str):
 
 
 def build_family_assets(family: str, root: Path) -> Path:
-    """Writes ``root/hf/`` (the tiny HF checkpoint, one ``model.safetensors``) and ``root/train.json`` (80 rows)."""
+    """Writes ``root/hf/`` (the tiny HF checkpoint, one ``model.safetensors``), ``root/train.json`` (80 rows) and
+    ``root/pairs.json`` (40 preference pairs in messages form, for the DPO configs)."""
     root.mkdir(parents=True, exist_ok=True)
     model = build_hf_model(hf_config(family), seed=0)
     model.save_pretrained(root / "hf", safe_serialization=True)
     _write_alpaca(root / "train.json", num_samples=80, seed=0)  # 4 steps of 2 x 8 (the largest accumulation shipped)
+    write_preference_messages(root / "pairs.json", num_pairs=40, seed=0)  # 2 DPO steps of 2 x 8 pairs
     return root
 
 
@@ -336,3 +355,26 @@ def nf4_round_trip(weight: torch.Tensor) -> torch.Tensor:
     from tune.modules.peft import nf4_block_sizes
 
     return to_nf4(weight.detach(), *nf4_block_sizes(weight.shape)).get_original_weight().to(weight.dtype)
+
+
+# Knowledge-distillation configs (knowledge_distillation_single_device): family -> shipped config. At tiny scale
+# the teacher is the family's tiny checkpoint read by the family's full component builder: the shipped teacher's
+# size (and, for llama3_2, its family llama3_1) cannot be kept, only its role (a frozen model, same vocabulary).
+KD_CONFIGS = {
+    "qwen2_5": "qwen2_5/1.5_to_0.5B_KD_lora_single_device.yaml",
+    "llama3_2": "llama3_2/8B_to_1B_KD_lora_single_device.yaml",
+    "qwen3": "qwen3/1.7_to_0.6B_KD_lora_single_device.yaml",
+    "gemma2": "gemma2/9B_to_2B_KD_lora_single_device.yaml",
+}
+
+
+def teacher_overrides(family: str, hf_dir: Path, model_type: str) -> list[str]:
+    """``teacher_model.*`` and ``teacher_checkpointer.*`` overrides: the family's full component builder with the
+    tiny dimensions, reading the tiny checkpoint in ``hf_dir`` as ``model_type``."""
+    overrides = ["teacher_" + override for override in model_overrides(family, "full")]
+    overrides += [
+        f"teacher_checkpointer.checkpoint_dir={hf_dir}",
+        "teacher_checkpointer.checkpoint_files=[model.safetensors]",
+        f"teacher_checkpointer.model_type={model_type}",
+    ]
+    return overrides

@@ -233,6 +233,41 @@ def test_shipped_distributed_config_trains_resumes_and_loads_in_hf(family_assets
     _check_resumed(resumed_out, uninterrupted, trained)
 
 
+DPO_RECIPE, DPO_STEPS = "lora_dpo_single_device", 2
+DPO_CASES = sorted(assets.DPO_CONFIGS)
+
+
+@pytest.mark.parametrize("family", DPO_CASES)
+def test_shipped_dpo_config_trains_and_loads_in_hf(family_assets, tmp_path, family):
+    """Each family's LoRA DPO config: 2 steps on generated preference pairs (the config's accumulation, schedule
+    and optimizer kept), then the outputs load in transformers and PEFT. Resuming is tested once, on the tiny
+    Llama (tests/recipes/test_lora_dpo_single_device.py)."""
+    relative, method = assets.DPO_CONFIGS[family]
+    data = family_assets(family)
+    config = _copy_config(relative, tmp_path)
+    lora = _lora_node(config)
+    adapter = _initial_adapter(family, data / "hf", lora, tmp_path / "initial_adapter")
+    out = tmp_path / "run"
+    sft_data = ("dataset.", "max_steps_per_epoch=", "save_every_n_steps=")
+    overrides = [o for o in _overrides(family, method, data, out, adapter) if not o.startswith(sft_data)]
+    overrides += [
+        "dataset._component_=tune.datasets.preference_dataset",
+        "dataset.source=json",
+        f"dataset.data_files={data / 'pairs.json'}",
+        "dataset.split=train",
+        f"max_steps_per_epoch={DPO_STEPS}",
+    ]
+    run_recipe(DPO_RECIPE, config, overrides, cwd=tmp_path, timeout=300)
+    (log,) = (out / "logs").glob("*.jsonl")
+    records = [r for r in read_jsonl(log) if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, DPO_STEPS + 1))
+    for record in records:
+        assert all(torch.isfinite(torch.tensor(record[k])) for k in ("loss", "rewards/margins", "logps/chosen"))
+    final = out / f"step_{DPO_STEPS}"
+    _load_strict(final)
+    _check_peft(family, method, data, final, lora)
+
+
 def _check_resumed(resumed_out, uninterrupted: dict, trained) -> None:
     """The resumed run logged steps RESUME_FROM+1..NUM_STEPS with the uninterrupted run's losses (same data order,
     optimizer state, LR schedule and RNG) and ends with its weights, loaded strictly by transformers."""
@@ -251,3 +286,39 @@ def test_the_missing_shipped_configs_are_the_known_ones():
     for spec in assets.FAMILIES.values():
         for relative in [*spec.configs.values(), *spec.distributed.values()]:
             assert (assets.CONFIGS / relative).is_file(), relative
+
+
+KD_RECIPE = "knowledge_distillation_single_device"
+# the default tier runs one family's KD config (the recipe itself is tested in
+# test_knowledge_distillation_single_device.py); the slow tier runs every one
+KD_CASES = [pytest.param(f, id=f, marks=() if f == "qwen2_5" else pytest.mark.slow) for f in assets.KD_CONFIGS]
+
+
+@pytest.mark.parametrize("family", KD_CASES)
+def test_shipped_kd_config_trains_resumes_and_loads_in_hf(family_assets, tmp_path, family):
+    """A *_KD_lora_single_device config as the LoRA ones above (train, transformers and PEFT, resume), with the
+    tiny checkpoint as the teacher too: the student's random initial adapter makes the KD term non-zero."""
+    data = family_assets(family)
+    config = _copy_config(assets.KD_CONFIGS[family], tmp_path)
+    lora = _lora_node(config)
+    adapter = _initial_adapter(family, data / "hf", lora, tmp_path / "initial_adapter")
+    model_type = yaml.safe_load(config.read_text())["checkpointer"]["model_type"]
+    teacher = assets.teacher_overrides(family, data / "hf", model_type)
+
+    out = tmp_path / "run"
+    run_recipe(
+        KD_RECIPE, config, [*_overrides(family, "lora", data, out, adapter), *teacher], cwd=tmp_path, timeout=300
+    )
+    uninterrupted = _losses(out)
+    assert sorted(uninterrupted) == list(range(1, NUM_STEPS + 1))
+    (log,) = (out / "logs").glob("*.jsonl")
+    kd_losses = [r["kd_loss"] for r in read_jsonl(log) if "kd_loss" in r]
+    assert all(torch.isfinite(torch.tensor(kd_losses))) and min(kd_losses) > 0, kd_losses
+    final = out / f"step_{NUM_STEPS}"
+    trained = _load_strict(final)
+    _check_peft(family, "lora", data, final, lora)
+
+    resumed_out = _crashed_copy(out, tmp_path / "resumed")
+    overrides = [*_overrides(family, "lora", data, resumed_out, adapter), *teacher, "resume_from_checkpoint=True"]
+    run_recipe(KD_RECIPE, config, overrides, cwd=tmp_path, timeout=300)
+    _check_resumed(resumed_out, uninterrupted, trained)

@@ -59,6 +59,11 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
         "fsdp_reshard_after_forward": True,
         "fsdp_mixed_precision": None,
     },
+    # preference recipes (lora_dpo_single_device), read after "finetune": pairs are collated chosen rows first,
+    # then rejected rows, padded (padding-free rows and packing do not apply to pairs)
+    "dpo": {
+        "collate_fn": "tune.data.padded_collate_dpo",
+    },
 }
 
 
@@ -213,23 +218,31 @@ def errors_at(key: str, value: Any = _NO_VALUE) -> Iterator[None]:
         raise ConfigError(ConfigProblem(key, str(err), value)) from err
 
 
-def check_training_config(cfg: DictConfig, *, distributed: bool = False) -> None:
+def check_training_config(
+    cfg: DictConfig, *, distributed: bool = False, unsupported: dict[str, str] | None = None
+) -> None:
     """Checks the training settings every training recipe shares, before anything is loaded or built.
 
     Checked: ``gradient_accumulation_steps``, ``log_every_n_steps``, ``save_every_n_steps``,
     ``run_val_every_n_steps`` (and that ``dataset_val`` exists for it), ``max_validation_steps``,
     ``optimizer_in_bwd`` (with clipping, accumulation, a finetuning schedule and distributed runs), the order of
-    ``model_converters``, and the phases of ``finetuning_schedule``. Expects the optional keys filled in
-    (:func:`apply_defaults`).
+    ``model_converters``, the phases of ``finetuning_schedule``, and that the keys a recipe does not support are
+    off. Expects the optional keys filled in (:func:`apply_defaults`).
 
     Args:
         cfg (DictConfig): the recipe config.
         distributed (bool): whether the recipe is a distributed one.
+        unsupported (dict[str, str] | None): keys (dotted paths, e.g. ``dataset.packed``) the recipe does not
+            support, each with the reason; reported when set to anything but null or False.
 
     Raises:
         ConfigError: listing every problem at once, each with its key.
     """
     problems = training_config_problems(cfg, distributed=distributed)
+    for key, reason in (unsupported or {}).items():
+        value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        if value is not None and value is not False:
+            problems.append(ConfigProblem(key, f"is not supported by this recipe ({reason}); remove it", value))
     problems += check_model_converters(cfg.model_converters)
     problems += check_finetuning_schedule(cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition)
     if problems:
@@ -439,7 +452,8 @@ def instantiate_collate(
         collate = data.collate_for_dataset(
             function, dataset, padding_idx=padding_idx, ignore_idx=ignore_idx, max_seq_len=max_seq_len
         )
-    if device_type == "cpu" and function is not data.padding_free_collate and cfg_collate is not None:
+    # the hint is about SFT samples: preference pairs (padded_collate_dpo) have no padding-free form
+    if device_type == "cpu" and function is data.padded_collate_sft and cfg_collate is not None:
         log.info(
             "CPU: collate_fn=tune.data.padding_free_collate puts each batch in one row without padding (same "
             "losses, no compute spent on padding)."

@@ -19,6 +19,15 @@ from tune.training._activations import (
     set_activation_checkpointing,
 )
 from tune.training._compile import compile_loss, compile_model
+from tune.training._distillation import (
+    check_kd_ratio,
+    check_same_vocabulary,
+    distillation_loss,
+    model_vocab_size,
+    prepare_kd_ce_loss,
+    prepare_kd_loss,
+    prepare_teacher,
+)
 from tune.training._distributed import (
     all_reduce_sum,
     errors_on_all_ranks,
@@ -149,7 +158,9 @@ __all__ = [
     "apply_selective_activation_checkpointing",
     "apply_tensor_parallel",
     "auto_finetuning_phases",
+    "check_kd_ratio",
     "check_loss_is_finite",
+    "check_same_vocabulary",
     "cleanup_before_training",
     "clip_grad_norm",
     "compile_loss",
@@ -159,6 +170,7 @@ __all__ = [
     "create_optim_in_bwd_wrapper",
     "data_parallel_rank_and_size",
     "disable_dropout",
+    "distillation_loss",
     "errors_on_all_ranks",
     "family_shard_conditions",
     "family_tensor_parallel_plan",
@@ -184,9 +196,13 @@ __all__ = [
     "load_from_full_model_state_dict",
     "load_from_full_optimizer_state_dict",
     "log_memory_stats",
+    "model_vocab_size",
     "num_loss_tokens",
+    "prepare_kd_ce_loss",
+    "prepare_kd_loss",
     "prepare_loss",
     "prepare_mha_for_tp",
+    "prepare_teacher",
     "progress_state",
     "register_optim_in_bwd_hooks",
     "register_post_optimizer_hooks",

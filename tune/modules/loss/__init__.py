@@ -1,13 +1,15 @@
-"""Losses: chunked cross-entropy and knowledge-distillation KL divergences.
+"""Losses: chunked cross-entropy and knowledge-distillation divergences (KL and generalised JSD).
 
 Each averages over non-ignored tokens by default, as torchtune's do; tune's recipes ask the cross-entropy
-losses for ``reduction="sum"`` and normalise per training step.
+losses for ``reduction="sum"`` (the KD losses for ``normalize=False``) and normalise per training step.
 """
 
 from tune.modules.loss._cross_entropy import CEWithChunkedOutputLoss, LinearCrossEntropyLoss, shift_labels
 from tune.modules.loss._kd import (
     ForwardKLLoss,
     ForwardKLWithChunkedOutputLoss,
+    GeneralizedJSDLoss,
+    GeneralizedJSDWithChunkedOutputLoss,
     ReverseKLLoss,
     ReverseKLWithChunkedOutputLoss,
     SymmetricKLLoss,
@@ -18,6 +20,8 @@ __all__ = [
     "CEWithChunkedOutputLoss",
     "ForwardKLLoss",
     "ForwardKLWithChunkedOutputLoss",
+    "GeneralizedJSDLoss",
+    "GeneralizedJSDWithChunkedOutputLoss",
     "LinearCrossEntropyLoss",
     "ReverseKLLoss",
     "ReverseKLWithChunkedOutputLoss",

@@ -1,0 +1,105 @@
+"""The metrics of preference training under TRL's names, accumulated on the device over whole steps."""
+
+from collections.abc import Callable
+
+import torch
+
+from tune.data import CROSS_ENTROPY_IGNORE_IDX
+
+# slots of the running sums
+_PAIRS, _CHOSEN_REWARD, _REJECTED_REWARD, _CORRECT, _CHOSEN_LOGPS, _REJECTED_LOGPS = range(6)
+_CHOSEN_LOGITS, _CHOSEN_TOKENS, _REJECTED_LOGITS, _REJECTED_TOKENS = range(6, 10)
+
+
+class PreferenceMetrics:
+    """Running sums of the preference metrics, read at logging steps (one host-device sync per read).
+
+    Averaged over every pair seen since the last read (all micro-batches of all steps in between):
+    ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins`` (chosen minus rejected), ``rewards/accuracies``
+    (the share of pairs whose chosen reward is strictly higher: 0 when policy == reference), ``logps/chosen`` and
+    ``logps/rejected`` (the sequence log-probabilities given to the loss). ``logits/chosen`` and
+    ``logits/rejected`` are the policy's logits averaged over the vocabulary and over every completion token
+    (token-weighted, as TRL does within a batch).
+
+    Args:
+        device (torch.device): where the sums live (the training device).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._sums = torch.zeros(10, dtype=torch.float64, device=device)
+
+    @torch.no_grad()
+    def update(
+        self,
+        chosen_rewards: torch.Tensor,
+        rejected_rewards: torch.Tensor,
+        chosen_log_probs: torch.Tensor,
+        rejected_log_probs: torch.Tensor,
+        logits: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
+    ) -> None:
+        """Adds one micro-batch of pairs.
+
+        Args:
+            chosen_rewards (torch.Tensor): ``[b]`` from the loss.
+            rejected_rewards (torch.Tensor): ``[b]`` from the loss.
+            chosen_log_probs (torch.Tensor): ``[b]`` policy log-probabilities of the chosen completions.
+            rejected_log_probs (torch.Tensor): ``[b]``, of the rejected completions.
+            logits (torch.Tensor | None): the policy's logits ``[2b, s, v]``, chosen rows first (None: the logits
+                metrics are left out).
+            labels (torch.Tensor | None): ``[2b, s]`` labels of those rows (not shifted).
+            ignore_index (int): the label of positions outside the completions. Default -100.
+        """
+        sums = torch.stack(
+            [
+                torch.ones_like(chosen_rewards).sum(),  # the pair count, without a host-to-device copy
+                chosen_rewards.sum(),
+                rejected_rewards.sum(),
+                (chosen_rewards > rejected_rewards).sum(),
+                chosen_log_probs.sum(),
+                rejected_log_probs.sum(),
+            ]
+        ).to(self._sums)
+        self._sums[:_CHOSEN_LOGITS] += sums
+        if logits is None or labels is None:
+            return
+        # position t predicts label t + 1: the logits of the completion tokens
+        mask = (labels[:, 1:] != ignore_index).to(self._sums.device)
+        mean_logits = logits[:, :-1].float().mean(dim=-1) * mask  # [2b, s - 1]
+        per_row_logits, per_row_tokens = mean_logits.sum(dim=-1), mask.sum(dim=-1)
+        chosen_logits, rejected_logits = per_row_logits.chunk(2)
+        chosen_tokens, rejected_tokens = per_row_tokens.chunk(2)
+        self._sums[_CHOSEN_LOGITS:] += torch.stack(
+            [chosen_logits.sum(), chosen_tokens.sum(), rejected_logits.sum(), rejected_tokens.sum()]
+        ).to(self._sums)
+
+    def compute(self, all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+        """The averages since the last call, under TRL's names; starts a new window.
+
+        Args:
+            all_reduce (Callable | None): sums a tensor over data-parallel ranks (distributed recipes).
+
+        Returns:
+            dict[str, float]: the metrics (empty when no pair was added).
+        """
+        sums = self._sums.clone() if all_reduce is None else all_reduce(self._sums.clone())
+        self._sums.zero_()
+        values = sums.tolist()  # the one host-device sync
+        pairs = values[_PAIRS]
+        if pairs == 0:
+            return {}
+        chosen, rejected = values[_CHOSEN_REWARD] / pairs, values[_REJECTED_REWARD] / pairs
+        metrics = {
+            "rewards/chosen": chosen,
+            "rewards/rejected": rejected,
+            "rewards/accuracies": values[_CORRECT] / pairs,
+            "rewards/margins": chosen - rejected,
+            "logps/chosen": values[_CHOSEN_LOGPS] / pairs,
+            "logps/rejected": values[_REJECTED_LOGPS] / pairs,
+        }
+        if values[_CHOSEN_TOKENS] > 0:
+            metrics["logits/chosen"] = values[_CHOSEN_LOGITS] / values[_CHOSEN_TOKENS]
+        if values[_REJECTED_TOKENS] > 0:
+            metrics["logits/rejected"] = values[_REJECTED_LOGITS] / values[_REJECTED_TOKENS]
+        return metrics
