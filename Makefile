@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --disable-pip-version-check -q -c .ci/constraints.txt
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-all demo bench lint clean
+.PHONY: setup test test-all demo demo-rl bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,9 @@ lint: setup
 
 demo: setup
 	bash demo/run_demo.sh $(BIN)
+
+demo-rl: setup
+	bash demo/run_demo_rl.sh $(BIN)
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache

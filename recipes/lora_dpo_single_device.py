@@ -55,8 +55,6 @@ UNSUPPORTED = {
     "model_converters": "build the model with a lora_* builder instead",
     "finetuning_schedule": "gradual unfreezing is offered by the SFT recipes only",
 }
-# the sample keys of a preference dataset (tune.datasets.PreferenceDataset)
-PAIR_KEYS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels")
 
 log = utils.get_logger(name="tune.recipes.lora_dpo_single_device")
 
@@ -279,16 +277,8 @@ class LoRADPORecipeSingleDevice:
         drop_last: bool = True,
     ) -> tuple[StatefulDistributedSampler, DataLoader]:
         dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
-        sample_keys = sorted(dataset[0]) if len(dataset) else []
-        if not set(PAIR_KEYS) <= set(sample_keys):
-            raise config.ConfigError(
-                config.ConfigProblem(
-                    "dataset",
-                    f"gives samples with keys {sample_keys}; DPO trains on preference pairs ({', '.join(PAIR_KEYS)}). "
-                    "Use tune.datasets.preference_dataset (or another builder returning a PreferenceDataset)",
-                    config.component_name(cfg_dataset),
-                )
-            )
+        with config.errors_at("dataset", config.component_name(cfg_dataset)):
+            rlhf.check_preference_dataset(dataset)  # chosen and rejected sequences, not SFT samples
         collate = config.instantiate_collate(  # chosen rows first, then rejected rows
             cfg_collate,
             dataset,

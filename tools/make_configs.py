@@ -329,26 +329,49 @@ DPO_SIZES = [
 DPO_RECIPE = "lora_dpo_single_device"
 
 
-def _dpo_header(s: Size, method: str) -> str:
-    what = "LoRA" if method == "lora" else "QLoRA (NF4 base weights)"
+# Multi-GPU DPO configs (<family>/<size>_lora_dpo.yaml, <size>_full_dpo.yaml: torchtune's names), run by
+# lora_dpo_distributed.py and full_dpo_distributed.py: torchtune's llama2/7B_lora_dpo, llama3_1/8B_lora_dpo and
+# llama3_1/8B_full_dpo settings (full: lr 2e-5, beta 0.05, 20 warmup steps), and one of each for the other families
+# that ship multi-GPU configs, at their size nearest 8B (LoRA only at 70B: full DPO keeps a second full copy).
+DPO_DIST_SIZES = [
+    ("llama2", "7B", "lora"), ("llama3", "8B", "lora"), ("llama3", "8B", "full"), ("llama3_1", "8B", "lora"),
+    ("llama3_1", "8B", "full"), ("llama3_3", "70B", "lora"), ("qwen2_5", "7B", "lora"), ("qwen2_5", "7B", "full"),
+    ("qwen3", "8B", "lora"), ("qwen3", "8B", "full"), ("gemma2", "9B", "lora"), ("gemma2", "9B", "full"),
+]
+DPO_DIST_RECIPE = {"lora": "lora_dpo_distributed", "full": "full_dpo_distributed"}
+
+
+def _dpo_header(s: Size, method: str, distributed: bool = False) -> str:
+    what = {"lora": "LoRA", "qlora": "QLoRA (NF4 base weights)", "full": "Full"}[method]
     ignore = f" --ignore-patterns \"{s.extra_ignore}\"" if s.extra_ignore else ""
-    name = f"{s.family}/{s.size}_{method}_dpo_single_device"
+    name = f"{s.family}/{s.size}_{method}_dpo{'' if distributed else '_single_device'}"
+    recipe = DPO_DIST_RECIPE[method] if distributed else DPO_RECIPE
+    where = f"on {NUM_GPUS} GPUs (FSDP2)" if distributed else "on one device"
+    run = f"tune run --nproc_per_node {NUM_GPUS} {recipe}" if distributed else f"tune run {recipe}"
     return (
-        f"# {what} DPO (direct preference optimization) of {s.repo} on one device, with {DPO_RECIPE}.py.\n"
+        f"# {what} DPO (direct preference optimization) of {s.repo} {where}, with {recipe}.py.\n"
         "#\n"
         "# Download the model first:\n"
         f"#   tune download {s.repo} --output-dir {_dl_dir(s.repo)}{ignore}\n"
         "#\n"
         "# Then run:\n"
-        f"#   tune run {DPO_RECIPE} --config {name}\n"
+        f"#   {run} --config {name}\n"
         "#\n"
-        "# Any key can be overridden on the command line, e.g. loss.beta=0.05 loss.loss_type=ipo.\n\n"
+        + ("# batch_size is pairs per GPU. " if distributed else "# ")
+        + "Any key can be overridden on the command line, e.g. loss.beta=0.05 loss.loss_type=ipo.\n\n"
     )
 
 
-def render_dpo(s: Size, method: str) -> str:
-    out = _dpo_header(s, method)
-    out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{method}_dpo_single_device\n\n"
+def _ref_checkpointer(s: Size) -> str:
+    # full DPO's frozen reference (torchtune's key): the starting weights, read again on every (re)start
+    return _checkpointer(s, "full").replace("checkpointer:\n", "ref_checkpointer:  # the reference model: always the starting weights\n", 1).replace("resume_from_checkpoint: False\n", "")
+
+
+def render_dpo(s: Size, method: str, distributed: bool = False) -> str:
+    full = method == "full"
+    out = _dpo_header(s, method, distributed)
+    name = f"{method}_dpo" if distributed else f"{method}_dpo_single_device"
+    out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{name}\n\n"
     out += _model(s, method) + "\n"
     out += (
         "tokenizer:\n"
@@ -357,8 +380,8 @@ def render_dpo(s: Size, method: str) -> str:
         "  max_seq_len: 1024  # per sequence: each pair is a chosen and a rejected sequence\n\n"
     )
     out += _checkpointer(s, method)
+    out += _ref_checkpointer(s) if full else "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
     out += (
-        "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
         "save_every_n_steps: null  # null: save at the end of each epoch only\n"
         "keep_last_n_checkpoints: null\n\n"
         "dataset:\n"
@@ -367,26 +390,39 @@ def render_dpo(s: Size, method: str) -> str:
         "collate_fn: tune.data.padded_collate_dpo\n"
         "seed: null\n"
         "shuffle: True\n"
-        f"batch_size: {2 if s.big else 4}  # pairs\n\n"
+        f"batch_size: {4 if distributed or not s.big else 2}  # pairs{' per GPU' if distributed else ''}\n\n"
         "optimizer:\n"
         "  _component_: torch.optim.AdamW\n"
         "  fused: True\n"
         "  weight_decay: 0.05\n"
-        "  lr: 5e-4\n"
+        f"  lr: {'2e-5' if full else '5e-4'}\n"
         "lr_scheduler:\n"
         "  _component_: tune.training.lr_schedulers.get_cosine_schedule_with_warmup\n"
-        "  num_warmup_steps: 100\n"
-        "optimizer_in_bwd: False  # True: step each parameter as its gradient is ready (saves memory; no clipping or accumulation)\n"
+        f"  num_warmup_steps: {20 if full else 100}\n"
+    )
+    if not distributed:
+        out += "optimizer_in_bwd: False  # True: step each parameter as its gradient is ready (saves memory; no clipping or accumulation)\n"
+    reference = "the starting weights, ref_checkpointer" if full else "the model with adapters disabled"
+    out += (
         "loss:\n"
         "  _component_: tune.rlhf.loss.DPOLoss  # tune.rlhf.loss.SimPOLoss: reference-free; RSOLoss: hinge\n"
-        "  beta: 0.1  # higher keeps the policy closer to the reference (the model with adapters disabled)\n"
+        f"  beta: {0.05 if full else 0.1}  # higher keeps the policy closer to the reference ({reference})\n"
         "  label_smoothing: 0.0  # > 0: conservative DPO, as if each preference label were flipped with this probability\n"
         "  loss_type: sigmoid  # sigmoid (DPO), hinge, ipo (length-normalised) or robust\n\n"
         "epochs: 1\n"
         "max_steps_per_epoch: 1000\n"
-        f"gradient_accumulation_steps: {8 if s.big else 4}\n"
+        f"gradient_accumulation_steps: {8 if s.big or distributed else 4}\n"
         "clip_grad_norm: null\n"
         "compile: False  # torch.compile the model: faster steps after a slower first one\n\n"
+    )
+    if distributed:
+        out += (
+            "tensor_parallel_dim: 1  # the DPO recipes shard with FSDP2 only\n"
+            "fsdp_cpu_offload: False  # True: keep sharded weights, gradients and optimizer states in CPU memory\n"
+            "fsdp_reshard_after_forward: True  # False: keep each layer gathered until backward (faster, more memory)\n"
+            "dist_backend: null  # null: nccl on GPU (gloo for CPU-side state), gloo on CPU\n\n"
+        )
+    out += (
         "metric_logger:\n"
         "  _component_: tune.training.metric_logging.DiskLogger\n"
         "  log_dir: ${output_dir}/logs\n"
@@ -394,13 +430,21 @@ def render_dpo(s: Size, method: str) -> str:
         "log_peak_memory_stats: True\n\n"
         "device: cuda\n"
         "dtype: bf16\n\n"
-        f"enable_activation_checkpointing: {s.big}\n"
+        f"enable_activation_checkpointing: {s.big or distributed}\n"
         "enable_activation_offloading: False\n\n"
         "profiler:\n"
         "  _component_: tune.training.setup_torch_profiler\n"
         "  enabled: False\n"
     )
     return out
+
+
+def write_dpo_distributed_configs() -> int:
+    by_name = {(s.family, s.size): s for s in SIZES}
+    for family, size, method in DPO_DIST_SIZES:
+        path = ROOT / "configs" / family / f"{size}_{method}_dpo.yaml"
+        path.write_text(render_dpo(by_name[family, size], method, distributed=True))
+    return len(DPO_DIST_SIZES)
 
 
 def main() -> None:
@@ -436,6 +480,9 @@ KD_PAIRS = [
     ("gemma2", "9B_to_2B", ("gemma2", "9B"), ("gemma2", "2B")),
 ]
 KD_RECIPE = "knowledge_distillation_single_device"
+# the same pairs for several GPUs (<teacher>_to_<student>_KD_lora_distributed.yaml), run by
+# knowledge_distillation_distributed.py: the student and the teacher both sharded with FSDP2
+KD_DIST_RECIPE = "knowledge_distillation_distributed"
 
 
 def _download_line(s: Size) -> str:
@@ -443,11 +490,13 @@ def _download_line(s: Size) -> str:
     return f"#   tune download {s.repo} --output-dir {_dl_dir(s.repo)}{ignore}\n"
 
 
-def render_kd(folder: str, sizes: str, teacher: Size, student: Size) -> str:
-    name = f"{folder}/{sizes}_KD_lora_single_device"
+def render_kd(folder: str, sizes: str, teacher: Size, student: Size, distributed: bool = False) -> str:
+    kind = "KD_lora_distributed" if distributed else "KD_lora_single_device"
+    name = f"{folder}/{sizes}_{kind}"
+    recipe = KD_DIST_RECIPE if distributed else KD_RECIPE
     files = f"[{teacher.checkpoint_files}]" if teacher.checkpoint_files else "null  # null: every shard listed in model.safetensors.index.json"
     out = (
-        f"# Knowledge distillation on one device, with {KD_RECIPE}.py: a LoRA student,\n"
+        f"# Knowledge distillation {'on several GPUs (FSDP2)' if distributed else 'on one device'}, with {recipe}.py: a LoRA student,\n"
         f"# {student.repo}, learns from a frozen teacher, {teacher.repo}.\n"
         "#\n"
         "# Download the student and the teacher first:\n"
@@ -458,11 +507,11 @@ def render_kd(folder: str, sizes: str, teacher: Size, student: Size) -> str:
         "# and teacher_checkpointer.checkpoint_dir pointed at its merged output.\n"
         "#\n"
         "# Then run:\n"
-        f"#   tune run {KD_RECIPE} --config {name}\n"
+        f"#   tune run {'--nproc_per_node 2 ' if distributed else ''}{recipe} --config {name}\n"
         "#\n"
-        "# Any key can be overridden on the command line, e.g. kd_ratio=0.8 batch_size=8.\n\n"
+        f"# {'batch_size is per GPU. ' if distributed else ''}Any key can be overridden on the command line, e.g. kd_ratio=0.8 batch_size=8.\n\n"
     )
-    out += f"output_dir: /tmp/tune/{folder}_{sizes}/KD_lora_single_device\n\n"
+    out += f"output_dir: /tmp/tune/{folder}_{sizes}/{kind}\n\n"
     out += _model(student, "lora") + "\n"
     out += (
         "# the frozen teacher: any model with the student's vocabulary\n"
@@ -489,7 +538,10 @@ def render_kd(folder: str, sizes: str, teacher: Size, student: Size) -> str:
         "lr_scheduler:\n"
         "  _component_: tune.training.lr_schedulers.get_cosine_schedule_with_warmup\n"
         "  num_warmup_steps: 100\n"
-        "optimizer_in_bwd: False  # True: step each parameter as its gradient is ready (no clipping or accumulation)\n"
+    )
+    if not distributed:
+        out += "optimizer_in_bwd: False  # True: step each parameter as its gradient is ready (no clipping or accumulation)\n"
+    out += (
         "loss:  # the student's cross-entropy against the labels\n"
         "  _component_: tune.modules.loss.CEWithChunkedOutputLoss\n"
         "kd_loss:  # the divergence from the teacher: ReverseKL, SymmetricKL and GeneralizedJSD variants exist too\n"
@@ -500,6 +552,15 @@ def render_kd(folder: str, sizes: str, teacher: Size, student: Size) -> str:
         "gradient_accumulation_steps: 8\n"
         "clip_grad_norm: null\n"
         "compile: False  # torch.compile the models and losses: faster steps after a slower first one\n\n"
+    )
+    if distributed:
+        out += (
+            "tensor_parallel_dim: 1  # LoRA layers are sharded with FSDP2 only\n"
+            "fsdp_cpu_offload: False  # True: keep sharded weights, gradients and optimizer states in CPU memory\n"
+            "fsdp_reshard_after_forward: True  # False: keep each layer gathered until backward (faster, more memory)\n"
+            "dist_backend: null  # null: nccl on GPU (gloo for CPU-side state), gloo on CPU\n\n"
+        )
+    out += (
         "metric_logger:\n"
         "  _component_: tune.training.metric_logging.DiskLogger\n"
         "  log_dir: ${output_dir}/logs\n"
@@ -521,9 +582,127 @@ def write_kd_configs() -> int:
     for folder, sizes, teacher, student in KD_PAIRS:
         path = ROOT / "configs" / folder / f"{sizes}_KD_lora_single_device.yaml"
         path.write_text(render_kd(folder, sizes, by_name[teacher], by_name[student]))
-    return len(KD_PAIRS)
+        path = ROOT / "configs" / folder / f"{sizes}_KD_lora_distributed.yaml"
+        path.write_text(render_kd(folder, sizes, by_name[teacher], by_name[student], distributed=True))
+    return 2 * len(KD_PAIRS)
+
+
+# ---------------------------------------------------------------------------------------------------- GRPO
+# <family>/<size>_{full,lora}_grpo_single_device.yaml, run by grpo_full_finetune_single_device.py and
+# grpo_lora_finetune_single_device.py: GSM8K prompts, the answer and format rewards, for the small instruct sizes;
+# and <family>/<size>_full_grpo.yaml (torchtune's dev name) for grpo_full_finetune_distributed.py on several GPUs.
+GRPO_SIZES = [("llama3_2", "1B"), ("qwen2_5", "1.5B"), ("qwen3", "0.6B")]
+GRPO_RECIPE = {"full": "grpo_full_finetune_single_device", "lora": "grpo_lora_finetune_single_device"}
+GRPO_DIST_SIZES = [("llama3_2", "3B"), ("qwen2_5", "3B"), ("qwen3", "4B")]
+GRPO_DIST_RECIPE = "grpo_full_finetune_distributed"
+
+
+def render_grpo(s: Size, method: str, distributed: bool = False) -> str:
+    kind = f"{method}_grpo" if distributed else f"{method}_grpo_single_device"
+    name = f"{s.family}/{s.size}_{kind}"
+    recipe = GRPO_DIST_RECIPE if distributed else GRPO_RECIPE[method]
+    where = f"on several GPUs (FSDP2), with {recipe}.py" if distributed else f"on one device, with {recipe}.py"
+    launch = "--nproc_per_node 8 " if distributed else ""
+    reference = "a frozen copy of the starting model" if method == "full" else "the model with adapters disabled"
+    out = (
+        f"# GRPO (group relative policy optimization) of {s.repo} {where}:\n"
+        "# GSM8K math problems, rewarded for the right final answer and for the <think>/<answer> format.\n"
+        "#\n"
+        "# Download the model first:\n"
+        f"{_download_line(s)}"
+        "#\n"
+        "# Then run:\n"
+        f"#   tune run {launch}{recipe} --config {name}\n"
+        "#\n"
+        f"# {'batch_size is per GPU. ' if distributed else ''}Any key can be overridden on the command line, e.g. grpo_samples=8 loss.beta=0.04 loss.loss_type=dr_grpo.\n\n"
+    )
+    out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{kind}\n\n"
+    out += _model(s, method) + "\n"
+    out += (
+        "tokenizer:\n"
+        f"  _component_: tune.models.{s.tokenizer}\n"
+        f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
+        "  max_seq_len: 1024\n\n"
+    )
+    out += _checkpointer(s, method)
+    if method != "full":
+        out += "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
+    out += (
+        "save_every_n_steps: null  # null: save at the end of each epoch only\n"
+        "keep_last_n_checkpoints: null\n\n"
+        "dataset:\n"
+        "  _component_: tune.datasets.gsm8k_dataset  # tune.datasets.prompt_dataset: your own prompts and answers\n"
+        "seed: null\n"
+        "shuffle: True\n"
+        "batch_size: 4  # prompts per step\n\n"
+        "# each a _component_ (built with its arguments) or the dotted path of a function (prompts, completions, **row)\n"
+        "reward_functions:\n"
+        "  - _component_: tune.rlhf.AnswerReward  # 1 when the final answer equals the row's answer\n"
+        "  - _component_: tune.rlhf.FormatReward  # 1 for <think>...</think><answer>...</answer>\n"
+        "reward_weights: [1.0, 0.2]\n\n"
+        "grpo_samples: 8  # completions per prompt: the group whose rewards the advantages are normalised in\n"
+        "ppo_epochs: 1  # optimizer steps per batch of completions; > 1 reuses them, the loss clips the ratio\n"
+        "forward_batch_size: 8  # completions per generation and per training micro-batch\n"
+        "max_generated_tokens: 512\n"
+        "temperature: 1.0\n"
+        "top_k: null\n\n"
+        "optimizer:\n"
+        "  _component_: torch.optim.AdamW\n"
+        "  fused: True\n"
+        "  weight_decay: 0.0\n"
+        f"  lr: {'1e-6' if method == 'full' else '2e-5'}\n"
+        "lr_scheduler:\n"
+        "  _component_: tune.training.lr_schedulers.get_cosine_schedule_with_warmup\n"
+        "  num_warmup_steps: 10\n"
+        "loss:\n"
+        "  _component_: tune.rlhf.loss.GRPOLoss\n"
+        "  epsilon: 0.2  # the ratio to the sampling policy is clipped to [1 - epsilon, 1 + epsilon_high]\n"
+        "  epsilon_high: null  # null: epsilon; 0.28: DAPO's clip-higher\n"
+        f"  beta: 0.0  # > 0: k3 KL penalty to the reference ({reference}); 0 runs no reference\n"
+        "  loss_type: grpo  # grpo (per-completion mean), bnpo / dapo (per-token mean), dr_grpo (constant divisor)\n"
+        "  max_completion_length: ${max_generated_tokens}  # dr_grpo's divisor\n\n"
+        "epochs: 1\n"
+        "max_steps_per_epoch: 500\n"
+        "gradient_accumulation_steps: 1  # GRPO splits a step's completions by forward_batch_size instead\n"
+        "clip_grad_norm: 1.0\n\n"
+        "metric_logger:\n"
+        "  _component_: tune.training.metric_logging.DiskLogger\n"
+        "  log_dir: ${output_dir}/logs\n"
+        "log_every_n_steps: 1\n"
+        "log_peak_memory_stats: True\n\n"
+        "device: cuda\n"
+        "dtype: bf16\n\n"
+        f"enable_activation_checkpointing: {method == 'full'}\n"
+        "enable_activation_offloading: False\n\n"
+    )
+    if distributed:
+        out += (
+            "fsdp_cpu_offload: False  # True: keep sharded weights, gradients and optimizer states in CPU memory\n"
+            "fsdp_reshard_after_forward: True  # False: keep each layer gathered until backward (faster, more memory)\n"
+            "dist_backend: null  # null: nccl on GPU (gloo for CPU-side state), gloo on CPU\n\n"
+        )
+    out += (
+        "profiler:\n"
+        "  _component_: tune.training.setup_torch_profiler\n"
+        "  enabled: False\n"
+    )
+    return out
+
+
+def write_grpo_configs() -> int:
+    by_name = {(s.family, s.size): s for s in SIZES}
+    for family, size in GRPO_SIZES:
+        for method in GRPO_RECIPE:
+            path = ROOT / "configs" / family / f"{size}_{method}_grpo_single_device.yaml"
+            path.write_text(render_grpo(by_name[family, size], method))
+    for family, size in GRPO_DIST_SIZES:
+        path = ROOT / "configs" / family / f"{size}_full_grpo.yaml"
+        path.write_text(render_grpo(by_name[family, size], "full", distributed=True))
+    return len(GRPO_SIZES) * len(GRPO_RECIPE) + len(GRPO_DIST_SIZES)
 
 
 if __name__ == "__main__":
     main()
+    print(f"wrote {write_dpo_distributed_configs()} multi-GPU DPO configs")
     print(f"wrote {write_kd_configs()} knowledge-distillation configs")
+    print(f"wrote {write_grpo_configs()} GRPO configs")

@@ -295,12 +295,13 @@ def hf_config(family: str):
 
 def build_family_assets(family: str, root: Path) -> Path:
     """Writes ``root/hf/`` (the tiny HF checkpoint, one ``model.safetensors``), ``root/train.json`` (80 rows) and
-    ``root/pairs.json`` (40 preference pairs in messages form, for the DPO configs)."""
+    ``root/pairs.json`` (64 preference pairs in messages form, for the DPO configs)."""
     root.mkdir(parents=True, exist_ok=True)
     model = build_hf_model(hf_config(family), seed=0)
     model.save_pretrained(root / "hf", safe_serialization=True)
     _write_alpaca(root / "train.json", num_samples=80, seed=0)  # 4 steps of 2 x 8 (the largest accumulation shipped)
-    write_preference_messages(root / "pairs.json", num_pairs=40, seed=0)  # 2 DPO steps of 2 x 8 pairs
+    # 2 single-device DPO steps of 2 x 8 pairs; 4 two-rank steps of 1 x 8 pairs per rank
+    write_preference_messages(root / "pairs.json", num_pairs=64, seed=0)
     return root
 
 
@@ -365,6 +366,32 @@ KD_CONFIGS = {
     "llama3_2": "llama3_2/8B_to_1B_KD_lora_single_device.yaml",
     "qwen3": "qwen3/1.7_to_0.6B_KD_lora_single_device.yaml",
     "gemma2": "gemma2/9B_to_2B_KD_lora_single_device.yaml",
+}
+
+
+# The multi-GPU post-training configs: family -> kind -> shipped config (relative to configs/). The kinds are
+# lora_dpo (lora_dpo_distributed), full_dpo (full_dpo_distributed) and kd (knowledge_distillation_distributed).
+DIST_POST_TRAINING_CONFIGS: dict[str, dict[str, str]] = {
+    "llama2": {"lora_dpo": "llama2/7B_lora_dpo.yaml"},
+    "llama3": {"lora_dpo": "llama3/8B_lora_dpo.yaml", "full_dpo": "llama3/8B_full_dpo.yaml"},
+    "llama3_1": {"lora_dpo": "llama3_1/8B_lora_dpo.yaml", "full_dpo": "llama3_1/8B_full_dpo.yaml"},
+    "llama3_2": {"kd": "llama3_2/8B_to_1B_KD_lora_distributed.yaml"},
+    "llama3_3": {"lora_dpo": "llama3_3/70B_lora_dpo.yaml"},
+    "qwen2_5": {
+        "lora_dpo": "qwen2_5/7B_lora_dpo.yaml",
+        "full_dpo": "qwen2_5/7B_full_dpo.yaml",
+        "kd": "qwen2_5/1.5_to_0.5B_KD_lora_distributed.yaml",
+    },
+    "qwen3": {
+        "lora_dpo": "qwen3/8B_lora_dpo.yaml",
+        "full_dpo": "qwen3/8B_full_dpo.yaml",
+        "kd": "qwen3/1.7_to_0.6B_KD_lora_distributed.yaml",
+    },
+    "gemma2": {
+        "lora_dpo": "gemma2/9B_lora_dpo.yaml",
+        "full_dpo": "gemma2/9B_full_dpo.yaml",
+        "kd": "gemma2/9B_to_2B_KD_lora_distributed.yaml",
+    },
 }
 
 

@@ -3,7 +3,10 @@
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -70,3 +73,11 @@ def validation_logits(model: torch.nn.Module, assets: Path) -> torch.Tensor:
     tokens, _ = pad_batch([dataset[i] for i in range(4)])
     with torch.no_grad():
         return model.eval()(input_ids=tokens).logits
+
+
+def run_concurrently(*runs: Callable[[], Any]) -> list[Any]:
+    """Calls each function (a recipe run, say ``lambda: run_recipe(...)``) in its own thread and returns their
+    results in order: a single-device reference and a distributed run start together instead of one after the
+    other (the subprocesses do the work; the threads only wait for them)."""
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        return [future.result() for future in [pool.submit(run) for run in runs]]

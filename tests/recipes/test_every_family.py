@@ -10,7 +10,7 @@ What is checked, per (family, method):
 
 - train: 4 steps, a checkpoint after each;
 - resume: from the step-2 checkpoint, the losses of steps 3 and 4 equal the uninterrupted run's, and so do the
-  final weights;
+  final weights (for each family's LoRA config in the default tier, for the others in the slow tier);
 - transformers: ``AutoModelForCausalLM.from_pretrained(step_4)`` loads with no missing, unexpected or resized
   weight;
 - PEFT (LoRA, QLoRA): ``PeftModel.from_pretrained(base, step_4/adapter)`` gives the merged checkpoint's logits.
@@ -37,6 +37,12 @@ pytestmark = pytest.mark.integration
 
 RECIPES = {"full": "full_finetune_single_device", "lora": "lora_finetune_single_device"}
 DIST_RECIPES = {"full": "full_finetune_distributed", "lora": "lora_finetune_distributed"}
+# the multi-GPU post-training configs (assets.DIST_POST_TRAINING_CONFIGS): kind -> (recipe, the model's method)
+DIST_POST_TRAINING = {
+    "lora_dpo": ("lora_dpo_distributed", "lora"),
+    "full_dpo": ("full_dpo_distributed", "full"),
+    "kd": ("knowledge_distillation_distributed", "lora"),
+}
 NUM_STEPS, RESUME_FROM = 4, 2
 
 # Overrides beyond dimensions, tokenizer, data, paths, device and dtype that the shipped configs need on CPU
@@ -45,6 +51,7 @@ CPU_OVERRIDES: list[str] = []
 
 SINGLE_CASES = [(family, method) for family, spec in assets.FAMILIES.items() for method in spec.configs]
 DIST_CASES = [(family, method) for family, spec in assets.FAMILIES.items() for method in spec.distributed]
+DIST_CASES += [(family, kind) for family, kinds in assets.DIST_POST_TRAINING_CONFIGS.items() for kind in kinds]
 # What no family ships (reported, not tested): llama3_3 has no single-device full or LoRA config; llama3_2,
 # mistral and phi3 have no distributed configs.
 MISSING_SINGLE = [(f, m) for f, s in assets.FAMILIES.items() for m in ("full", "lora", "qlora") if m not in s.configs]
@@ -179,8 +186,24 @@ def _check_peft(family: str, method: str, data: Path, step_dir: Path, lora: dict
         assert (peft_logits - base_logits).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("family, method", SINGLE_CASES, ids=[f"{f}-{m}" for f, m in SINGLE_CASES])
-def test_shipped_single_device_config_trains_resumes_and_loads_in_hf(family_assets, tmp_path, family, method):
+def _resume_params() -> list:
+    """(family, method, resume) per shipped single-device config. The resume check runs in the default tier for
+    each family's LoRA config (its only LoRA-kind config for llama3_3), and for the others in the slow tier: the
+    resume path is the recipe's and the checkpointer's, shared by the methods, while training and loading in
+    transformers stay per config in the default tier."""
+    params = []
+    for family, method in SINGLE_CASES:
+        configs = assets.FAMILIES[family].configs
+        if method == "lora" or (method == "qlora" and "lora" not in configs):
+            params.append(pytest.param(family, method, True, id=f"{family}-{method}"))
+        else:
+            params.append(pytest.param(family, method, False, id=f"{family}-{method}"))
+            params.append(pytest.param(family, method, True, id=f"{family}-{method}-resume", marks=pytest.mark.slow))
+    return params
+
+
+@pytest.mark.parametrize("family, method, resume", _resume_params())
+def test_shipped_single_device_config_trains_resumes_and_loads_in_hf(family_assets, tmp_path, family, method, resume):
     spec = assets.FAMILIES[family]
     data = family_assets(family)
     config = _copy_config(spec.configs[method], tmp_path)
@@ -201,6 +224,8 @@ def test_shipped_single_device_config_trains_resumes_and_loads_in_hf(family_asse
     if lora is not None:
         _check_peft(family, method, data, final, lora)
 
+    if not resume:
+        return
     # resume, with the config's own seed setting, from a copy holding the run only up to step 2
     resumed_out = _crashed_copy(out, tmp_path / "resumed")
     overrides = _overrides(family, method, data, resumed_out, adapter)
@@ -213,13 +238,18 @@ def test_shipped_single_device_config_trains_resumes_and_loads_in_hf(family_asse
 def test_shipped_distributed_config_trains_resumes_and_loads_in_hf(family_assets, tmp_path, family, method):
     spec = assets.FAMILIES[family]
     data = family_assets(family)
-    config = _copy_config(spec.distributed[method], tmp_path)
+    kind = method
+    if kind in DIST_POST_TRAINING:  # a DPO or KD config: the recipe, and the model's own method
+        config = _copy_config(assets.DIST_POST_TRAINING_CONFIGS[family][kind], tmp_path)
+        recipe, method = DIST_POST_TRAINING[kind]
+    else:
+        config = _copy_config(spec.distributed[method], tmp_path)
+        recipe = DIST_RECIPES[method]
     lora = _lora_node(config) if method != "full" else None
     adapter = _initial_adapter(family, data / "hf", lora, tmp_path / "initial_adapter") if lora else None
-    recipe = DIST_RECIPES[method]
 
     out = tmp_path / "run"
-    run_distributed(recipe, config, _overrides(family, method, data, out, adapter), cwd=tmp_path)
+    run_distributed(recipe, config, _dist_overrides(family, kind, method, data, out, adapter, config), cwd=tmp_path)
     uninterrupted = _losses(out)
     assert sorted(uninterrupted) == list(range(1, NUM_STEPS + 1))
     final = out / f"step_{NUM_STEPS}"
@@ -228,9 +258,34 @@ def test_shipped_distributed_config_trains_resumes_and_loads_in_hf(family_assets
         _check_peft(family, method, data, final, lora)
 
     resumed_out = _crashed_copy(out, tmp_path / "resumed")
-    overrides = _overrides(family, method, data, resumed_out, adapter)
+    overrides = _dist_overrides(family, kind, method, data, resumed_out, adapter, config)
     run_distributed(recipe, config, [*overrides, "resume_from_checkpoint=True"], cwd=tmp_path)
     _check_resumed(resumed_out, uninterrupted, trained)
+
+
+def _dist_overrides(
+    family: str, kind: str, method: str, data: Path, out: Path, adapter: Path | None, config: Path
+) -> list[str]:
+    """The overrides of a distributed case: the module's, and for a DPO or KD config its data and second model.
+    The post-training configs accumulate 8 micro-batches: 1 sample per rank keeps 4 steps within the tiny data
+    (2 ranks x 8 x 4 = 64 pairs or samples)."""
+    overrides = _overrides(family, method, data, out, adapter)
+    if kind not in DIST_POST_TRAINING:
+        return overrides
+    overrides = [o for o in overrides if not o.startswith(("batch_size=", *(("dataset.",) if "dpo" in kind else ())))]
+    overrides.append("batch_size=1")
+    if kind == "kd":
+        model_type = yaml.safe_load(config.read_text())["checkpointer"]["model_type"]
+        return [*overrides, *assets.teacher_overrides(family, data / "hf", model_type)]
+    overrides += [
+        "dataset._component_=tune.datasets.preference_dataset",
+        "dataset.source=json",
+        f"dataset.data_files={data / 'pairs.json'}",
+        "dataset.split=train",
+    ]
+    if kind == "full_dpo":  # the reference: the same tiny checkpoint
+        overrides.append(f"ref_checkpointer.checkpoint_dir={data / 'hf'}")
+    return overrides
 
 
 DPO_RECIPE, DPO_STEPS = "lora_dpo_single_device", 2
@@ -286,6 +341,14 @@ def test_the_missing_shipped_configs_are_the_known_ones():
     for spec in assets.FAMILIES.values():
         for relative in [*spec.configs.values(), *spec.distributed.values()]:
             assert (assets.CONFIGS / relative).is_file(), relative
+
+
+def test_every_shipped_distributed_post_training_config_is_a_case():
+    # a new *_lora_dpo, *_full_dpo or *_KD_lora_distributed config must join DIST_POST_TRAINING_CONFIGS
+    patterns = ("*/*_lora_dpo.yaml", "*/*_full_dpo.yaml", "*/*_KD_lora_distributed.yaml")
+    shipped = {path.relative_to(assets.CONFIGS).as_posix() for p in patterns for path in assets.CONFIGS.glob(p)}
+    listed = {relative for kinds in assets.DIST_POST_TRAINING_CONFIGS.values() for relative in kinds.values()}
+    assert shipped == listed
 
 
 KD_RECIPE = "knowledge_distillation_single_device"

@@ -15,6 +15,7 @@ from tune.datasets._grammar import grammar_dataset
 from tune.datasets._hh_rlhf_helpful import hh_rlhf_helpful_dataset
 from tune.datasets._instruct import instruct_dataset
 from tune.datasets._preference import PreferenceDataset, preference_dataset
+from tune.datasets._prompt import PromptDataset, gsm8k_dataset, prompt_dataset
 from tune.datasets._samsum import samsum_dataset
 from tune.datasets._sft import SFTDataset
 from tune.datasets._slimorca import slimorca_dataset
@@ -27,6 +28,7 @@ __all__ = [
     "ConcatDataset",
     "PackedDataset",
     "PreferenceDataset",
+    "PromptDataset",
     "SFTDataset",
     "TextCompletionDataset",
     "WeightedDataset",
@@ -35,9 +37,11 @@ __all__ = [
     "chat_dataset",
     "cnn_dailymail_articles_dataset",
     "grammar_dataset",
+    "gsm8k_dataset",
     "hh_rlhf_helpful_dataset",
     "instruct_dataset",
     "preference_dataset",
+    "prompt_dataset",
     "samsum_dataset",
     "slimorca_dataset",
     "stack_exchange_paired_dataset",

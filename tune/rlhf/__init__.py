@@ -2,7 +2,20 @@
 statistics and the preference metrics; the losses live in :mod:`tune.rlhf.loss`.
 """
 
+from tune.rlhf._data import PREFERENCE_KEYS, check_preference_dataset
+from tune.rlhf._grpo import completion_log_probs, completion_mask, grpo_advantages
 from tune.rlhf._metrics import PreferenceMetrics
+from tune.rlhf._ppo import PPOStats, Trajectory, estimate_advantages, get_rewards_ppo
+from tune.rlhf._rewards import (
+    THINK_ANSWER_FORMAT,
+    AnswerReward,
+    FormatReward,
+    RewardFunction,
+    extract_answer,
+    normalize_answer,
+    reward_name,
+    score_completions,
+)
 from tune.rlhf._sequence_processing import (
     get_batch_log_probs,
     get_reward_penalty_mask,
@@ -13,7 +26,24 @@ from tune.rlhf._sequence_processing import (
 from tune.rlhf._stats import masked_mean, masked_var, whiten
 
 __all__ = [
+    "AnswerReward",
+    "FormatReward",
+    "RewardFunction",
+    "THINK_ANSWER_FORMAT",
+    "completion_log_probs",
+    "completion_mask",
+    "extract_answer",
+    "grpo_advantages",
+    "normalize_answer",
+    "reward_name",
+    "score_completions",
+    "PPOStats",
+    "Trajectory",
+    "estimate_advantages",
+    "get_rewards_ppo",
+    "PREFERENCE_KEYS",
     "PreferenceMetrics",
+    "check_preference_dataset",
     "get_batch_log_probs",
     "get_reward_penalty_mask",
     "logits_to_logprobs",

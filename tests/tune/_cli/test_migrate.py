@@ -18,7 +18,7 @@ from torchtune.config._utils import (
     _get_component_from_path,  # public in tune
     log_config,
 )
-from torchtune.rlhf.loss import DPOLoss
+from torchtune.modules.loss import ForwardKLLoss
 
 MODEL = "torchtune.models.llama3_2.llama3_2_1b"
 NOTE = 'see torchtune.models for builders'  # torchtune.x in a comment
@@ -34,7 +34,7 @@ import tune
 from tune.models.llama3_2 import llama3_2_1b  # the builder
 from tune.config import get_component_from_path as _get_component_from_path
 from tune.config._utils import log_config  # public in tune
-from tune.rlhf.loss import DPOLoss
+from tune.modules.loss import ForwardKLLoss
 
 MODEL = "tune.models.llama3_2.llama3_2_1b"
 NOTE = 'see torchtune.models for builders'  # torchtune.x in a comment
@@ -124,10 +124,13 @@ def test_dry_run_prints_a_diff_and_writes_nothing(tune, project):
 
 def test_reports_names_of_the_migration_table_with_file_and_line(tune, project):
     rows = read_api_table(table_path().read_text(encoding="utf-8"))
-    row = rows["torchtune.rlhf.loss.DPOLoss"]
+    row = rows["torchtune.modules.loss.ForwardKLLoss"]
     code, out, _ = tune("migrate", str(project / "train.py"))
     assert code == 0
-    assert f"  {project / 'train.py'}:8: torchtune.rlhf.loss.DPOLoss ({row.status}) — {row.why} — {row.todo}" in out
+    assert (
+        f"  {project / 'train.py'}:8: torchtune.modules.loss.ForwardKLLoss ({row.status}) — {row.why} — {row.todo}"
+        in out
+    )
     # a name `tune migrate` rewrites (_get_component_from_path) is not a place that needs a person; a module tune
     # lacks is
     assert "_get_component_from_path" not in out

@@ -4,7 +4,7 @@ from tune.models._family import family_builders
 from tune.models._parallel import base_llama_tp_plan
 from tune.models.llama3 import llama3_tokenizer
 from tune.models.llama3_2 import _component_builders, _model_builders
-from tune.models.llama3_2._component_builders import llama3_2, lora_llama3_2
+from tune.models.llama3_2._component_builders import llama3_2, llama3_2_classifier, lora_llama3_2
 from tune.models.llama3_2._convert_weights import llama_hf_to_tune, llama_tune_to_hf
 from tune.models.llama3_2._model_builders import (
     llama3_2_1b,
@@ -37,6 +37,7 @@ __all__ = [
     "llama3_2",
     "llama3_2_1b",
     "llama3_2_3b",
+    "llama3_2_classifier",
     "llama3_tokenizer",
     "llama_hf_to_tune",
     "llama_tune_to_hf",

@@ -56,6 +56,51 @@ def llama3_2(
     )
 
 
+def llama3_2_classifier(
+    num_classes: int,
+    *,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    attn_dropout: float = 0.0,
+    rope_base: float = 500_000.0,
+    intermediate_dim: int | None = None,
+    norm_eps: float = 1e-5,
+    scale_factor: float = 32.0,
+) -> TransformerDecoder:
+    """:func:`llama3_2` whose output projection (never tied to the embeddings) scores ``num_classes`` classes.
+
+    The model returns ``[b, s, num_classes]``: a score at every position, as the ``score`` head of transformers'
+    ``LlamaForSequenceClassification`` computes before picking the last non-padding position. A reward model is
+    this with ``num_classes=1``.
+
+    Args:
+        num_classes (int): outputs per position.
+        vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, max_seq_len, attn_dropout, rope_base,
+            intermediate_dim, norm_eps, scale_factor: as in :func:`llama3_2`.
+
+    Returns:
+        TransformerDecoder: the model, randomly initialised.
+    """
+    return build_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
+        max_seq_len=max_seq_len,
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        rope_base=rope_base,
+        rope_scaling=dict(scale_factor=scale_factor),
+        output_dim=num_classes,
+    )
+
+
 def lora_llama3_2(
     lora_attn_modules: Sequence[str],
     apply_lora_to_mlp: bool = False,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from tune.modules.peft import dequantize
-from tune.registry import ModelFamily, get_model_family
+from tune.registry import ModelFamily, family_for_hf_model_type, get_model_family
 from tune.training.checkpointing import _constants as keys
 from tune.training.checkpointing._formats import (
     PEFT_PREFIX,
@@ -70,6 +70,9 @@ _NOT_COPIED = {
     keys.COMPLETE_MARKER,
 }
 _NON_RECIPE_KEYS = {keys.MODEL_KEY, keys.ADAPTER_KEY, keys.ADAPTER_CONFIG}
+# torchtune's `model_type: REWARD` names a kind of model, not a family: a Llama-style sequence classifier whose
+# family is config.json's `model_type` (read by FullModelHFCheckpointer)
+_FAMILY_FROM_HF_CONFIG = "reward"
 
 
 @dataclass
@@ -97,6 +100,15 @@ def _check_dirs(checkpoint_dir: Path, output_dir: Path) -> None:
             "weights with the originals (and a later run would read them as the base model). Choose an output_dir "
             "outside checkpoint_dir, e.g. `output_dir=/tmp/my_run`."
         )
+
+
+def _is_sequence_classifier(hf_config: Mapping[str, Any]) -> bool:
+    # transformers' *ForSequenceClassification models keep their head as `score`, never tied to the embeddings
+    return any(str(name).endswith("ForSequenceClassification") for name in hf_config.get("architectures") or ())
+
+
+def _rename_head(state_dict: Mapping[str, torch.Tensor], old: str, new: str) -> dict[str, torch.Tensor]:
+    return {(new + key[len(old) :] if key.startswith(old) else key): value for key, value in state_dict.items()}
 
 
 def _formatted_files(spec: Mapping[str, Any]) -> list[str]:
@@ -147,7 +159,9 @@ class _Checkpointer:
         if isinstance(model_type, Enum):  # torchtune's ModelType members
             model_type = model_type.value
         self._model_type = model_type
-        self._family: ModelFamily | None = get_model_family(model_type) if model_type is not None else None
+        self._family: ModelFamily | None = None
+        if model_type is not None and str(model_type).lower() != _FAMILY_FROM_HF_CONFIG:
+            self._family = get_model_family(model_type)
         self._safe_serialization = safe_serialization
         self._keep_last_n = keep_last_n_checkpoints
         if keep_last_n_checkpoints is not None and (
@@ -169,6 +183,12 @@ class _Checkpointer:
         self._resume_dir = self._find_resume_dir() if resume else None
         self._config: dict[str, Any] = {}
         self._setup_format()
+        if self._family is None and str(model_type).lower() == _FAMILY_FROM_HF_CONFIG:
+            raise ValueError(
+                f"model_type {model_type!r} takes the model family from a Hugging Face config.json, which "
+                f"{type(self).__name__} does not read. Use FullModelHFCheckpointer, or set model_type to the "
+                "family (e.g. MISTRAL)."
+            )
         if get_rank() == 0:
             remove_stale_temporaries(self._output_dir)
 
@@ -580,12 +600,18 @@ class FullModelHFCheckpointer(_Checkpointer):
     its own subdirectory because transformers, given a directory holding a model and an adapter, applies the
     adapter on top of the already merged weights.)
 
+    A reward or classifier model (``config.json`` ``architectures``: ``*ForSequenceClassification``) loads into
+    tune's classifier builders (``mistral_classifier``, ``llama2_classifier``): its ``score`` head is their
+    ``output`` layer, and is written back as ``score``, so the output loads with
+    ``transformers.AutoModelForSequenceClassification``.
+
     Args:
         checkpoint_dir (str | Path): the downloaded model directory.
         checkpoint_files (list[str] | Mapping | None): weight files in ``checkpoint_dir``; torchtune's form
             ``{"filename_format": "model-{}-of-{}.safetensors", "max_filename": "00004"}``; or None to read the
             index (``model.safetensors.index.json``) or every ``*.safetensors`` file.
-        model_type (str): the model family (``LLAMA3_2``, ``qwen2_5``, ...), looked up in ``tune.registry``.
+        model_type (str): the model family (``LLAMA3_2``, ``qwen2_5``, ...), looked up in ``tune.registry``;
+            torchtune's ``REWARD`` takes the family from ``config.json``'s ``model_type``.
         output_dir (str | Path): where ``step_N/`` and ``epoch_N/`` checkpoints go; not inside ``checkpoint_dir``.
         adapter_checkpoint (str | Path | None): an adapter to load (a PEFT directory or our adapter file),
             relative to ``checkpoint_dir`` or absolute. Default None.
@@ -611,12 +637,23 @@ class FullModelHFCheckpointer(_Checkpointer):
         if not config_path.is_file():
             raise CheckpointError(missing_files_error(self._checkpoint_dir, ["config.json"], "The Hugging Face config"))
         self._config = read_json(config_path, "The Hugging Face config")
+        if self._family is None and self._model_type is not None:  # REWARD: the family config.json names
+            self._family = family_for_hf_model_type(str(self._config.get("model_type")))
+        self._classifier = _is_sequence_classifier(self._config)
 
+    # A sequence classifier's `score` head is the output projection of tune's classifier builders: the family's
+    # converter handles it as the (untied) `lm_head`.
     def _to_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self._converter("hf_to_tune")(state_dict, self._config)
+        if not self._classifier:
+            return self._converter("hf_to_tune")(state_dict, self._config)
+        untied = {**self._config, "tie_word_embeddings": False}
+        return self._converter("hf_to_tune")(_rename_head(state_dict, "score.", "lm_head."), untied)
 
     def _from_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self._converter("tune_to_hf")(state_dict, self._config)
+        if not self._classifier:
+            return self._converter("tune_to_hf")(state_dict, self._config)
+        untied = {**self._config, "tie_word_embeddings": False}
+        return _rename_head(self._converter("tune_to_hf")(state_dict, untied), "lm_head.", "score.")
 
 
 class FullModelMetaCheckpointer(_Checkpointer):

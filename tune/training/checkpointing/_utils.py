@@ -33,8 +33,9 @@ class ModelType(str, Enum):
     tune looks model types up in ``tune.registry`` by name (case-insensitive), so a plain string (``"LLAMA3_2"``,
     ``"qwen2_5"``) works too and a family added by a plugin needs no member here. A member is a ``str`` equal to
     its lower-case value, so ``ModelType.LLAMA3_2 == "llama3_2"``. Members whose family tune does not ship
-    (``CLIP_TEXT``, ``T5_ENCODER``, ``LLAMA3_VISION``, ``REWARD``) make the checkpointer raise an error that lists
-    the registered families.
+    (``CLIP_TEXT``, ``T5_ENCODER``, ``LLAMA3_VISION``) make the checkpointer raise an error that lists the
+    registered families. ``REWARD`` (a sequence-classification reward model) is read by
+    ``FullModelHFCheckpointer``, which takes the family from ``config.json``'s ``model_type``.
     """
 
     GEMMA = "gemma"
