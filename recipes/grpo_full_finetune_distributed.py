@@ -4,8 +4,10 @@ What ``grpo_full_finetune_single_device`` does, with the model (and the referenc
 over the data-parallel ranks: each rank takes ``batch_size`` prompts of the step, samples and scores their
 ``grpo_samples`` completions (a prompt's group stays on one rank, so its advantages need no other rank), and the
 loss of the step is normalised over the completions (and tokens) of every rank, so that the gradient is the one
-of the whole batch. Sampling draws from a generator seeded by the run's seed, the step and the rank: a resumed run
-samples what the uninterrupted one would. Outputs: ``output_dir/step_N/`` (gathered to rank 0, the input's format)
+of the whole batch. Each completion is sampled from its own generator, seeded by the run's seed, the step, the
+prompt's index in the dataset and the completion's number: a resumed run samples what the uninterrupted one would,
+and a prompt's completions do not depend on the rank or micro-batch that generates them, so N ranks train as one
+device with N times the batch. Outputs: ``output_dir/step_N/`` (gathered to rank 0, the input's format)
 and the sharded training state in ``output_dir/dcp/step_N/``.
 
     tune run --nproc_per_node 8 grpo_full_finetune_distributed --config qwen3/4B_full_grpo
@@ -33,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from tune import config, generation, rlhf, training, utils
 from tune.modules import TransformerSelfAttentionLayer
@@ -79,6 +81,23 @@ class Trajectory(NamedTuple):
     ref_logprobs: torch.Tensor | None  # [n, t], when the loss has a KL term
 
 
+# the key under which a row carries its index in the dataset (the seed of its completions), not passed to rewards
+_INDEX = "dataset_index"
+
+
+class _Indexed(Dataset):
+    """The dataset's rows, each with its index under ``_INDEX``."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self._dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {**self._dataset[index], _INDEX: index}
+
+
 def _rows(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The data loader's collate: the rows as they are (prompts are padded once the completions are sampled)."""
     return batch
@@ -90,7 +109,7 @@ class GRPOFullFinetuneRecipeDistributed:
 
     Supports any optimizer and LR scheduler by ``_component_``, gradient clipping, activation checkpointing and
     offloading, fp32/bf16, several reward functions, a KL penalty to a frozen reference, step and epoch
-    checkpoints with exact resume (the sampling generator's state included), metric loggers, a progress bar and
+    checkpoints with exact resume (sampling is seeded by the step and the prompt), metric loggers, a progress bar and
     the profiler.
 
     Args:
@@ -130,9 +149,6 @@ class GRPOFullFinetuneRecipeDistributed:
         self._init_distributed(cfg)
         self._configured_seed = cfg.seed
         self._seed = training.set_seed(training.sync_seed(cfg.seed))  # the same on every rank
-        # sampling draws from its own generator, seeded at every step from (seed, step, rank): a resumed run
-        # samples what the uninterrupted run would, and no rank samples what another does
-        self._rng = torch.Generator(device=self._device)
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # GRPO steps taken (each makes ppo_epochs optimizer steps)
         # a NaN/inf loss on any rank stops every rank at the same step
@@ -383,6 +399,7 @@ class GRPOFullFinetuneRecipeDistributed:
                     config.component_name(cfg_dataset),
                 )
             )
+        dataset = _Indexed(dataset)
         sampler = StatefulDistributedSampler(
             dataset, num_replicas=self._dp_size, rank=self._dp_rank, shuffle=shuffle, seed=self._seed
         )
@@ -425,6 +442,11 @@ class GRPOFullFinetuneRecipeDistributed:
         """
         group = self._grpo_samples
         prompts = [row["tokens"] for row in rows for _ in range(group)]  # a prompt's completions are consecutive
+        generators = [  # one per completion: what a prompt samples does not depend on the batch it is in
+            torch.Generator(self._device).manual_seed(_sampling_seed(self._seed, self.global_step, row[_INDEX], j))
+            for row in rows
+            for j in range(group)
+        ]
         tokens, padding = generation.left_pad(prompts, self._tokenizer.pad_id, self._device)  # [n, p]
         pieces = []
         with self._gathered_for_generation():
@@ -437,7 +459,7 @@ class GRPOFullFinetuneRecipeDistributed:
                     temperature=self._temperature,
                     top_k=self._top_k,
                     stop_tokens=self._stop_tokens,
-                    rng=self._rng,
+                    rng=generators[rows_slice],
                 )
                 pieces.append(sequences[:, tokens.shape[1] :])
         width = max(piece.shape[1] for piece in pieces)  # a piece whose rows all stopped early is shorter
@@ -451,7 +473,9 @@ class GRPOFullFinetuneRecipeDistributed:
             self._decode(row_tokens, row_mask) for row_tokens, row_mask in zip(completions.tolist(), mask.tolist())
         ]
         fields = {
-            key: [row[key] for row in rows for _ in range(group)] for key in rows[0] if key not in ("tokens", "prompt")
+            key: [row[key] for row in rows for _ in range(group)]
+            for key in rows[0]
+            if key not in ("tokens", "prompt", _INDEX)
         }
         prompt_texts = [row["prompt"] for row in rows for _ in range(group)]
         total, per_function = rlhf.score_completions(
@@ -591,7 +615,6 @@ class GRPOFullFinetuneRecipeDistributed:
             pbar = training.get_progress_bar(self._steps_per_epoch, epoch, initial=steps_done)
             batches = iter(self._dataloader)
             for _ in range(steps_done, self._steps_per_epoch):
-                self._rng.manual_seed(_sampling_seed(self._seed, self.global_step, self._dp_rank))
                 trajectory = self.generate_trajectory(next(batches), metrics)
                 losses.append(self.grpo_step(trajectory, metrics))
                 # tokens/s: the real tokens of every sequence the step generated and trained on
@@ -644,9 +667,10 @@ class GRPOFullFinetuneRecipeDistributed:
             dist.destroy_process_group()
 
 
-def _sampling_seed(seed: int, step: int, rank: int) -> int:
-    """The sampling generator's seed at a step on a rank: distinct for every (step, rank), the same on resume."""
-    return (seed * 1_000_003 + step * 10_007 + rank) % (2**63)
+def _sampling_seed(seed: int, step: int, index: int, sample: int) -> int:
+    """The seed of one completion's generator: distinct for every (step, prompt, completion), the same on resume
+    and on any number of ranks."""
+    return (((seed * 1_000_003 + step) * 1_000_033 + index) * 10_007 + sample) % (2**63)
 
 
 @config.parse

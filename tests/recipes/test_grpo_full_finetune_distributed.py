@@ -1,10 +1,11 @@
 """Integration tests of recipes/grpo_full_finetune_distributed.py: 2 gloo ranks on CPU (torchrun), the tiny Llama of
 tests/recipes/utils.py and the prompts of tests/recipes/test_grpo_full_finetune_single_device.py, one prompt per rank.
 
-Each rank samples from its own generator (seeded by the run's seed, the step and the rank), so the completions
-differ from a one-device run's and the two runs are not compared step by step; what must hold: at step 1 the
-policy is the reference (KL exactly 0) and the single pass is on-policy (nothing clipped, loss 0 up to rounding),
-a resumed run equals the uninterrupted one, and the gathered model loads in transformers.
+Each completion is sampled from its own generator (seeded by the run's seed, the step, the prompt's dataset index
+and the completion's number), so 2 ranks with one prompt each sample what one rank with both prompts samples, and
+train the same: the runs are compared step by step. Also: at step 1 the policy is the reference (KL exactly 0) and
+the single pass is on-policy (nothing clipped, loss 0 up to rounding), a resumed run equals the uninterrupted one,
+and the gathered model loads in transformers.
 """
 
 import shutil
@@ -13,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.recipes.dist_utils import run_distributed, train_log
+from tests.recipes.dist_utils import max_difference, run_concurrently, run_distributed, train_log
 from tests.recipes.test_grpo_full_finetune_single_device import write_sum_prompts
 from tests.recipes.utils import ASSETS
 
@@ -21,6 +22,22 @@ pytestmark = pytest.mark.integration
 
 RECIPE = "grpo_full_finetune_distributed"
 CONFIG = ASSETS / "grpo_tiny_distributed.yaml"
+
+
+def test_two_ranks_train_as_one_rank_with_both_prompts(tiny_assets, tmp_path):
+    prompts = write_sum_prompts(tmp_path / "prompts.json")
+    common = [f"assets_dir={tiny_assets}", f"dataset.data_files={prompts}", "max_steps_per_epoch=2"]
+    one, two = tmp_path / "one_rank", tmp_path / "two_ranks"
+    run_concurrently(
+        lambda: run_distributed(RECIPE, CONFIG, [*common, f"output_dir={one}", "batch_size=2"], tmp_path, nproc=1),
+        lambda: run_distributed(RECIPE, CONFIG, [*common, f"output_dir={two}", "batch_size=1"], tmp_path),
+    )
+    single, double = train_log(one), train_log(two)
+    assert sorted(single) == sorted(double) == [1, 2]
+    # the same completions (rewards, lengths) and the same losses: the step-2 values follow a real update
+    for key in ("reward", "completions/mean_length", "loss", "grad_norm"):
+        assert max_difference(single, double, key) < 1e-5, (key, single, double)
+    assert single[2]["loss"] != single[1]["loss"]
 
 
 @pytest.mark.slow

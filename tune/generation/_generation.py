@@ -70,7 +70,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     stop_tokens: Sequence[int] | None = None,
-    rng: torch.Generator | None = None,
+    rng: torch.Generator | Sequence[torch.Generator] | None = None,
     use_cache: bool = True,
     custom_generate_next_token: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +99,9 @@ def generate(
         top_k (int | None): sample among the k most likely tokens only. Default None.
         top_p (float | None): nucleus sampling mass. Default None.
         stop_tokens (Sequence[int] | None): ids that end a row (e.g. the tokenizer's ``stop_tokens``). Default None.
-        rng (torch.Generator | None): generator for reproducible sampling. Default None.
+        rng (torch.Generator | Sequence[torch.Generator] | None): generator for reproducible sampling, or one per
+            row: each row's noise is then drawn from its own generator, so its tokens do not depend on the other
+            rows of the batch (which rank or micro-batch generates a prompt). Default None.
         use_cache (bool): use a KV cache. Default True.
         custom_generate_next_token (Callable | None): replaces :func:`generate_next_token` for every token after
             the first (typically a ``torch.compile``-d copy of it); called with the same arguments and returning
@@ -146,6 +148,11 @@ def generate(
     stop = torch.tensor(list(stop_tokens or []), dtype=torch.long, device=device)
     if use_cache and hasattr(model, "caches_are_setup") and model.caches_are_setup() and not model.caches_are_enabled():
         use_cache = False  # the caller disabled the caches (disable_kv_cache): recompute instead
+    row_generators = None
+    if rng is not None and not isinstance(rng, torch.Generator):
+        row_generators = list(rng)
+        if len(row_generators) != batch_size:
+            raise ValueError(f"rng holds {len(row_generators)} generators for a batch of {batch_size} prompts.")
     step = _CachedStep(model, batch_size, dtype, total_len) if use_cache else _FullStep(model)
     sequence = torch.cat([tokens, tokens.new_zeros((batch_size, max_generated_tokens))], dim=1)
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)
@@ -156,9 +163,16 @@ def generate(
                 x, mask, input_pos = step.inputs(sequence, cur, attn_mask, positions)
                 if custom_generate_next_token is None or cur == prompt_len:
                     logits = model(x, mask=mask, input_pos=input_pos)[:, -1]  # [b, vocab], predicts position `cur`
-                    next_token = sample(logits, temperature, top_k, top_p, rng)
+                    if row_generators is None:
+                        next_token = sample(logits, temperature, top_k, top_p, rng)
+                    else:
+                        q = _row_noise(row_generators, logits.shape[-1], device) if temperature != 0 else None
+                        next_token = sample(logits, temperature, top_k, top_p, q=q)
                 else:
-                    q = None if rng is None else _exponential_noise(batch_size, model, rng, device)
+                    if row_generators is not None:
+                        q = _row_noise(row_generators, model.tok_embeddings.num_embeddings, device)
+                    else:
+                        q = None if rng is None else _exponential_noise(batch_size, model, rng, device)
                     next_token, logits = custom_generate_next_token(
                         model, input_pos=input_pos, x=x, mask=mask, temperature=temperature, top_k=top_k, q=q
                     )
@@ -208,6 +222,11 @@ def generate_next_token(
     """
     logits = model(x, input_pos=input_pos, mask=mask)[:, -1]  # [b, vocab]
     return sample(logits, temperature, top_k, q=q), logits[:, None]
+
+
+def _row_noise(generators: list[torch.Generator], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[b, vocab] Exponential(1) noise, row i drawn from ``generators[i]``."""
+    return torch.stack([torch.empty(vocab_size, device=device).exponential_(1, generator=g) for g in generators])
 
 
 def _exponential_noise(batch_size: int, model: nn.Module, rng: torch.Generator, device: torch.device) -> torch.Tensor:

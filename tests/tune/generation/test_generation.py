@@ -123,6 +123,19 @@ def test_sampling_is_reproducible_and_cache_independent(model):
     assert torch.equal(cached, recomputed)
 
 
+def test_a_generator_per_row_samples_each_row_as_it_would_alone(model):
+    # one generator per row: a row's tokens do not depend on the rows generated with it
+    kwargs = dict(max_generated_tokens=8, temperature=1.0, top_k=20)
+    batched, _ = generate(model, PROMPTS, rng=[torch.Generator().manual_seed(row) for row in (11, 12)], **kwargs)
+    for row, prompt in enumerate(PROMPTS):
+        alone, _ = generate(model, [prompt], rng=[torch.Generator().manual_seed(11 + row)], **kwargs)
+        assert torch.equal(batched[row, PROMPT_LEN:], alone[0, len(prompt) :]), row
+    one_generator, _ = generate(model, PROMPTS, rng=torch.Generator().manual_seed(11), **kwargs)
+    assert not torch.equal(one_generator, batched)  # the per-row draws are not the batch generator's
+    with pytest.raises(ValueError, match="2 prompts"):
+        generate(model, PROMPTS, rng=[torch.Generator()], **kwargs)
+
+
 def test_caller_caches_are_reset_and_kept(model):
     model.setup_caches(batch_size=2, dtype=torch.float32, decoder_max_seq_len=40)
     try:
