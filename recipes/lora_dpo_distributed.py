@@ -67,6 +67,7 @@ UNSUPPORTED = {
     "dataset.packed": "a chosen and a rejected sequence form one sample; preference pairs are not packed",
     "model_converters": "build the model with a lora_* builder instead",
     "finetuning_schedule": "gradual unfreezing is offered by the SFT recipes only",
+    "precompute_ref_log_probs": "offered by lora_dpo_single_device only so far",
 }
 
 log = utils.get_logger(name="tune.recipes.lora_dpo_distributed")

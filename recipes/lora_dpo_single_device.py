@@ -3,8 +3,9 @@
 Trains LoRA adapters on preference pairs (a prompt, a chosen and a rejected completion) with a preference loss
 from ``tune.rlhf.loss``: DPO (``loss_type`` sigmoid, hinge, IPO or robust), RSO, or the reference-free SimPO. The
 reference model is the policy with its adapters disabled (``tune.modules.peft.disable_adapter``): no second copy of
-the weights. Sequence log-probabilities are sums over the completion tokens (means for IPO and SimPO), from
-batches laid out chosen rows first, then rejected rows (``tune.data.padded_collate_dpo``); packing is not
+the weights; with ``precompute_ref_log_probs: true`` its log-probs of every training pair are computed once, before
+training, and looked up at each step. Sequence log-probabilities are sums over the completion tokens (means for
+IPO and SimPO), from batches laid out chosen rows first, then rejected rows (``tune.data.padded_collate_dpo``); packing is not
 supported. The loss of a step is the mean over all of its pairs (every micro-batch), and the metrics carry TRL's
 names (``rewards/chosen``, ``rewards/accuracies``, ``logps/chosen``, ``logits/chosen``, ...) averaged over the
 same pairs. Outputs are those of ``lora_finetune_single_device``: the adapter in the Hugging Face PEFT format and
@@ -97,6 +98,7 @@ class LoRADPORecipeSingleDevice:
         self._epochs = cfg.epochs
         self._max_steps_per_epoch = cfg.max_steps_per_epoch
         self._gradient_accumulation_steps = cfg.gradient_accumulation_steps
+        self._precompute_reference = cfg.precompute_ref_log_probs
         self._configured_seed = cfg.seed
         self._seed = training.set_seed(cfg.seed)
         self.epochs_run = 0  # completed epochs
@@ -197,6 +199,19 @@ class LoRADPORecipeSingleDevice:
         log.info("Loss: %s (%s).", config.component_name(cfg.loss), self._describe_loss())
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
+        # the reference's log-probs of every training pair, by dataset index (None: computed at every step)
+        self._reference_table = None
+        if self._precompute_reference and not self._reference_free:
+            pairs = self._dataloader.dataset.dataset  # IndexedPairs around the pairs
+            self._reference_table = rlhf.precompute_reference_log_probs(
+                self._reference_logits,
+                pairs,
+                self._collate,
+                batch_size=cfg.batch_size,
+                device=self._device,
+                average_log_probs=self._average_log_probs,
+            )
+            log.info("Reference log-probabilities of %d training pairs computed once.", len(pairs))
         self._val_dataloader = None
         if cfg.dataset_val is not None:
             _, self._val_dataloader = self._setup_data(
@@ -279,7 +294,7 @@ class LoRADPORecipeSingleDevice:
         dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         with config.errors_at("dataset", config.component_name(cfg_dataset)):
             rlhf.check_preference_dataset(dataset)  # chosen and rejected sequences, not SFT samples
-        collate = config.instantiate_collate(  # chosen rows first, then rejected rows
+        self._collate = config.instantiate_collate(  # chosen rows first, then rejected rows
             cfg_collate,
             dataset,
             padding_idx=self._tokenizer.pad_id,
@@ -287,12 +302,13 @@ class LoRADPORecipeSingleDevice:
             device_type=self._device.type,
         )
         sampler = StatefulDistributedSampler(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=self._seed)
-        # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same
+        # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same;
+        # each batch carries its pairs' dataset indices (where precomputed reference log-probs are looked up)
         loader = DataLoader(
-            dataset,
+            rlhf.IndexedPairs(dataset),
             batch_size=batch_size,
             sampler=sampler,
-            collate_fn=collate,
+            collate_fn=rlhf.collate_with_indices(self._collate),
             drop_last=drop_last,
             pin_memory=self._device.type == "cuda",
         )
@@ -301,7 +317,12 @@ class LoRADPORecipeSingleDevice:
 
     # ---------------------------------------------------------------------------------------------------- train
 
-    def loss_step(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: rlhf.PreferenceMetrics) -> torch.Tensor:
+    def loss_step(
+        self,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        metrics: rlhf.PreferenceMetrics,
+        indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Forward passes and loss of one micro-batch of pairs. Override this in a copied recipe to change the
         objective.
 
@@ -309,15 +330,20 @@ class LoRADPORecipeSingleDevice:
             batch (tuple[torch.Tensor, torch.Tensor]): ``(tokens, labels)`` [2b, s], chosen rows then rejected rows
                 (labels ``-100`` outside the completions, not shifted); already on the device.
             metrics (rlhf.PreferenceMetrics): where the rewards, log-probabilities and logits of the pairs go.
+            indices (torch.Tensor | None): the pairs' dataset indices [b], where precomputed reference
+                log-probabilities are looked up; None runs the reference.
 
         Returns:
             torch.Tensor: the SUM of the per-pair losses (the loop divides by the pairs of the whole step).
         """
         tokens, labels = batch
         reference = None
-        if not self._reference_free:  # first, so that its logits are freed before the policy's exist
-            with torch.no_grad(), disable_adapter(self._model):
-                reference_logits = self._model(tokens)
+        if self._reference_table is not None and indices is not None:
+            looked_up = self._reference_table[indices.to(self._device)]  # [b, 2]
+            reference = (looked_up[:, 0], looked_up[:, 1])
+        elif not self._reference_free:  # first, so that its logits are freed before the policy's exist
+            with torch.no_grad():
+                reference_logits = self._reference_logits(tokens)
                 reference = rlhf.get_batch_log_probs(
                     reference_logits, labels, return_average_logprobs=self._average_log_probs
                 ).chunk(2)
@@ -331,6 +357,11 @@ class LoRADPORecipeSingleDevice:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy, *reference)
         metrics.update(chosen_rewards, rejected_rewards, policy[0].detach(), policy[1].detach(), logits, labels)
         return losses.sum()
+
+    def _reference_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The reference model's logits: the policy with its adapters disabled."""
+        with disable_adapter(self._model):
+            return self._model(tokens)
 
     def train(self) -> None:
         """Runs the epochs: accumulate, clip, step, log, validate and save. Stops on a non-finite loss."""
@@ -347,12 +378,13 @@ class LoRADPORecipeSingleDevice:
             for _ in range(steps_done, self._steps_per_epoch):
                 micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
                 # every pair of the step weighs the same: the loss is their mean (pairs counted on the CPU batches)
-                loss_scale = training.step_loss_scale(sum(tokens.shape[0] // 2 for tokens, _ in micro_batches))
+                loss_scale = training.step_loss_scale(sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches))
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
-                for batch_index, (tokens, labels) in enumerate(micro_batches):
+                for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
                     throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
                     batch = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True))
-                    loss = self.loss_step(batch, self._metrics) * loss_scale  # this micro-batch's share of the mean
+                    # this micro-batch's share of the step's mean
+                    loss = self.loss_step(batch, self._metrics, indices) * loss_scale
                     step_loss += loss.detach()
                     if batch_index == self._gradient_accumulation_steps - 1:  # the step's loss, read once
                         self._loss_check.record(step_loss)  # backward is queued, before the optimizer step
@@ -411,7 +443,7 @@ class LoRADPORecipeSingleDevice:
         metrics = rlhf.PreferenceMetrics(self._device)
         loss_sum = torch.zeros((), dtype=torch.float32, device=self._device)
         num_pairs = 0
-        for index, (tokens, labels) in enumerate(self._val_dataloader):
+        for index, (tokens, labels, _) in enumerate(self._val_dataloader):
             if self._max_validation_steps is not None and index >= self._max_validation_steps:
                 break
             loss_sum += self.loss_step((tokens.to(self._device), labels.to(self._device)), metrics).float()

@@ -293,6 +293,25 @@ def test_resume_equals_the_uninterrupted_run(tiny_assets, pairs, recipe_run, tmp
         torch.testing.assert_close(value, expected[key], atol=1e-6, rtol=0, msg=key)
 
 
+def test_precomputed_reference_log_probs_train_as_the_reference_pass(tiny_assets, pairs, tmp_path):
+    # TRL's precompute_ref_log_probs: the reference's log-probs of every pair computed once before training and
+    # looked up by dataset index at each step (shuffled, so batch order differs from dataset order) give the losses
+    # and metrics of running the reference at every step
+    runs = {}
+    for name, extra in [("every_step", []), ("precomputed", ["precompute_ref_log_probs=True"])]:
+        out = tmp_path / name
+        overrides = _overrides(tiny_assets, out, pairs["adapter"], "shuffle=True", "seed=3", *extra)
+        proc = run_recipe(RECIPE, pairs["config"], overrides, cwd=tmp_path)
+        assert ("Reference log-probabilities of" in proc.stdout + proc.stderr) == bool(extra)
+        runs[name] = _records(out)
+    precomputed, every_step = runs["precomputed"], runs["every_step"]
+    assert sorted(precomputed) == sorted(every_step) == list(range(1, NUM_STEPS + 1))
+    for step, record in precomputed.items():
+        for key in ("loss", *METRICS):
+            assert record[key] == pytest.approx(every_step[step][key], abs=1e-6, rel=0), (step, key)
+    assert precomputed[NUM_STEPS]["loss"] != precomputed[1]["loss"]
+
+
 def test_unsupported_settings_and_sft_data_are_refused_clearly(tiny_assets, tmp_path):
     pairs_file = write_preference_messages(tmp_path / "pairs.json", 8, 0)
     common = [f"assets_dir={tiny_assets}", f"output_dir={tmp_path / 'out'}", f"dataset.data_files={pairs_file}"]

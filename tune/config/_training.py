@@ -63,6 +63,9 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
     # then rejected rows, padded (padding-free rows and packing do not apply to pairs)
     "dpo": {
         "collate_fn": "tune.data.padded_collate_dpo",
+        # TRL's name: the reference log-probs of every training pair computed once before training (one forward
+        # pass per step less); validation pairs still run the reference
+        "precompute_ref_log_probs": False,
     },
 }
 

@@ -6,6 +6,7 @@ from tune.rlhf._data import PREFERENCE_KEYS, check_preference_dataset
 from tune.rlhf._grpo import completion_log_probs, completion_mask, grpo_advantages
 from tune.rlhf._metrics import PreferenceMetrics
 from tune.rlhf._ppo import PPOStats, Trajectory, estimate_advantages, get_rewards_ppo
+from tune.rlhf._reference import IndexedPairs, collate_with_indices, precompute_reference_log_probs
 from tune.rlhf._rewards import (
     THINK_ANSWER_FORMAT,
     AnswerReward,
@@ -26,6 +27,9 @@ from tune.rlhf._sequence_processing import (
 from tune.rlhf._stats import masked_mean, masked_var, whiten
 
 __all__ = [
+    "IndexedPairs",
+    "collate_with_indices",
+    "precompute_reference_log_probs",
     "AnswerReward",
     "FormatReward",
     "RewardFunction",
