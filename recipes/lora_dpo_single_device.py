@@ -1,13 +1,13 @@
 """LoRA Direct Preference Optimization (DPO) of a language model on one device (CPU, one GPU or Apple MPS).
 
-Trains LoRA adapters on preference pairs (a prompt, a chosen and a rejected completion) with a preference loss
-from ``tune.rlhf.loss``: DPO (``loss_type`` sigmoid, hinge, IPO or robust), RSO, or the reference-free SimPO. The
+Trains LoRA adapters on preference pairs (a prompt, a chosen and a rejected completion) with a preference loss from
+``tune.rlhf.loss``: DPO (``loss_type`` sigmoid, hinge, IPO or robust), RSO, or the reference-free SimPO. The
 reference model is the policy with its adapters disabled (``tune.modules.peft.disable_adapter``): no second copy of
 the weights; with ``precompute_ref_log_probs: true`` its log-probs of every training pair are computed once, before
-training, and looked up at each step. Sequence log-probabilities are sums over the completion tokens (means for
-IPO and SimPO), from batches laid out chosen rows first, then rejected rows (``tune.data.padded_collate_dpo``);
-packing is not supported. The loss of a step is the mean over all of its pairs (every micro-batch), and the metrics carry TRL's
-names (``rewards/chosen``, ``rewards/accuracies``, ``logps/chosen``, ``logits/chosen``, ...) averaged over the
+training, and looked up at each step. Sequence log-probabilities are sums over the completion tokens (means for IPO
+and SimPO), from batches laid out chosen rows first, then rejected rows (``tune.data.padded_collate_dpo``); packing
+is not supported. The loss of a step is the mean over all of its pairs (every micro-batch), and the metrics carry
+TRL's names (``rewards/chosen``, ``rewards/accuracies``, ``logps/chosen``, ``logits/chosen``, ...) averaged over the
 same pairs. Outputs are those of ``lora_finetune_single_device``: the adapter in the Hugging Face PEFT format and
 the merged model.
 
