@@ -185,6 +185,14 @@ DPO_CONFIGS: dict[str, tuple[str, str]] = {
 }
 
 
+# Families whose architecture and tokenizer kind another family's default-tier tests cover: Code Llama is Llama 2
+# with another RoPE base; Llama 3, 3.1 and 3.3 are Llama 3.2's blocks and tiktoken tokenizer with other RoPE
+# scaling and untied embeddings. Their LoRA configs (train, resume, load in transformers and PEFT) run in the
+# default tier, which checks those settings against transformers; their other shipped and published configs run in
+# the slow tier (`make test-all`), keeping `make test` under its 15 minutes.
+VARIANT_FAMILIES = ("code_llama2", "llama3", "llama3_1", "llama3_3")
+
+
 def tokenizer_file(kind: str) -> Path:
     """The tiny tokenizer file of a kind, in the form the family's tokenizer builder reads (``tokenizer.path``)."""
     if kind == "sentencepiece":

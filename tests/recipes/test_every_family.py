@@ -190,12 +190,14 @@ def _resume_params() -> list:
     """(family, method, resume) per shipped single-device config. The resume check runs in the default tier for
     each family's LoRA config (its only LoRA-kind config for llama3_3), and for the others in the slow tier: the
     resume path is the recipe's and the checkpointer's, shared by the methods, while training and loading in
-    transformers stay per config in the default tier."""
+    transformers stay per config in the default tier, except for ``VARIANT_FAMILIES`` (slow tier)."""
     params = []
     for family, method in SINGLE_CASES:
         configs = assets.FAMILIES[family].configs
         if method == "lora" or (method == "qlora" and "lora" not in configs):
             params.append(pytest.param(family, method, True, id=f"{family}-{method}"))
+        elif family in assets.VARIANT_FAMILIES:  # train, load and resume in the slow tier
+            params.append(pytest.param(family, method, True, id=f"{family}-{method}", marks=pytest.mark.slow))
         else:
             params.append(pytest.param(family, method, False, id=f"{family}-{method}"))
             params.append(pytest.param(family, method, True, id=f"{family}-{method}-resume", marks=pytest.mark.slow))
@@ -292,7 +294,10 @@ DPO_RECIPE, DPO_STEPS = "lora_dpo_single_device", 2
 DPO_CASES = sorted(assets.DPO_CONFIGS)
 
 
-@pytest.mark.parametrize("family", DPO_CASES)
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(f, marks=pytest.mark.slow) if f in assets.VARIANT_FAMILIES else f for f in DPO_CASES],
+)
 def test_shipped_dpo_config_trains_and_loads_in_hf(family_assets, tmp_path, family):
     """Each family's LoRA DPO config: 2 steps on generated preference pairs (the config's accumulation, schedule
     and optimizer kept), then the outputs load in transformers and PEFT. Resuming is tested once, on the tiny

@@ -333,7 +333,9 @@ def _family_configs(published_configs, family: str) -> dict[str, tuple[str, Path
     return found
 
 
-@pytest.mark.parametrize("family", _RUN_FAMILIES)
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=pytest.mark.slow) if f in assets.VARIANT_FAMILIES else f for f in _RUN_FAMILIES]
+)
 def test_published_sft_configs_run_one_per_recipe_kind(published_configs, run_assets, tmp_path, family):
     import yaml
 
