@@ -201,7 +201,11 @@ class LoRADPORecipeSingleDevice:
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         # the reference's log-probs of every training pair, by dataset index (None: computed at every step)
         self._reference_table = None
-        if self._precompute_reference and not self._reference_free:
+        if self._precompute_reference and self._reference_free:
+            log.warning(
+                "precompute_ref_log_probs has no effect: %s needs no reference model.", config.component_name(cfg.loss)
+            )
+        elif self._precompute_reference:
             pairs = self._dataloader.dataset.dataset  # IndexedPairs around the pairs
             self._reference_table = rlhf.precompute_reference_log_probs(
                 self._reference_logits,

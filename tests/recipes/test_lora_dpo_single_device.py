@@ -225,8 +225,12 @@ def test_ipo_and_simpo_first_steps(tiny_assets, pairs, tmp_path):
 
     out = tmp_path / "simpo"
     extra = ["loss._component_=tune.rlhf.loss.SimPOLoss", "~loss.beta", "max_steps_per_epoch=1"]
-    extra += ["dataset_val=null", "run_val_every_n_steps=null"]
-    run_recipe(RECIPE, pairs["config"], [*_overrides(tiny_assets, out, pairs["adapter"])[:-1], *extra], cwd=tmp_path)
+    extra += ["dataset_val=null", "run_val_every_n_steps=null", "precompute_ref_log_probs=True"]
+    proc = run_recipe(
+        RECIPE, pairs["config"], [*_overrides(tiny_assets, out, pairs["adapter"])[:-1], *extra], cwd=tmp_path
+    )
+    # a reference-free loss has no reference log-probs to precompute: said, not silently ignored
+    assert "precompute_ref_log_probs has no effect: tune.rlhf.loss.SimPOLoss" in proc.stdout + proc.stderr
     simpo = _records(out)[1]
     chosen, rejected = _hf_mean_log_probs(tiny_assets, Path(pairs["pairs_file"]), BATCH_SIZE)
     stand_in = SimpleNamespace(
