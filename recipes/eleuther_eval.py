@@ -127,6 +127,7 @@ class TuneLM(TemplateLM):
                 temperature=temperature,
                 stop_tokens=self._tokenizer.stop_tokens,
                 use_cache=self._enable_kv_cache,
+                return_logits=False,
             )
             new_tokens = tokens[0, len(prompt) :].tolist()  # the prompt comes first
             stops = [i for i, t in enumerate(new_tokens) if t in set(self._tokenizer.stop_tokens)]

@@ -136,6 +136,7 @@ class InferenceRecipe:
             top_p=self._top_p,
             stop_tokens=self._tokenizer.stop_tokens,
             rng=rng,
+            return_logits=False,
             use_cache=self._enable_kv_cache,
         )
         generated = generated[0, len(tokens) :].tolist()  # the prompt comes first

@@ -460,6 +460,7 @@ class GRPOFullFinetuneRecipeDistributed:
                     top_k=self._top_k,
                     stop_tokens=self._stop_tokens,
                     rng=generators[rows_slice],
+                    return_logits=False,
                 )
                 pieces.append(sequences[:, tokens.shape[1] :])
         width = max(piece.shape[1] for piece in pieces)  # a piece whose rows all stopped early is shorter

@@ -357,6 +357,7 @@ class PPOFullFinetuneRecipeSingleDevice:
             top_k=self._top_k,
             stop_tokens=self._stop_token_list,
             rng=self._rng,
+            return_logits=False,
             use_cache=self._enable_kv_cache,
         )
         # generation ends early once every row stopped: pad so that all batches have the full length

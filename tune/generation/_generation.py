@@ -73,7 +73,8 @@ def generate(
     rng: torch.Generator | Sequence[torch.Generator] | None = None,
     use_cache: bool = True,
     custom_generate_next_token: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_logits: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Generates tokens after each prompt of a batch; returns the prompt followed by them, and their logits.
 
     The return value means what torchtune's ``generate`` returns. Prompts of different lengths are left-padded:
@@ -106,11 +107,15 @@ def generate(
         custom_generate_next_token (Callable | None): replaces :func:`generate_next_token` for every token after
             the first (typically a ``torch.compile``-d copy of it); called with the same arguments and returning
             ``(tokens [b, 1], logits [b, 1, vocab])``. ``top_p`` cannot be combined with it. Default None.
+        return_logits (bool): keep the logits of every generated token and return them. False returns None in
+            their place and holds one step's logits at a time: ``[b, n, vocab]`` float32 is large at real
+            vocabularies (16 rows of 512 new tokens over 152k entries are 5 GB). Default True.
 
     Returns:
-        tuple[torch.Tensor, torch.Tensor]: ``tokens`` [b, s + n], the (left-padded) prompt followed by the ``n``
-        generated tokens (``n <= max_generated_tokens``), in the prompt's integer dtype (int64 for a list
-        prompt); and ``logits`` [b, n, vocab], the logits each generated token was drawn from.
+        tuple[torch.Tensor, torch.Tensor | None]: ``tokens`` [b, s + n], the (left-padded) prompt followed by the
+        ``n`` generated tokens (``n <= max_generated_tokens``), in the prompt's integer dtype (int64 for a list
+        prompt); and ``logits`` [b, n, vocab], the logits each generated token was drawn from (None when
+        ``return_logits`` is False).
 
     Raises:
         ValueError: for bad sampling arguments, an empty or all-padding prompt, a sequence longer than the
@@ -157,6 +162,7 @@ def generate(
     sequence = torch.cat([tokens, tokens.new_zeros((batch_size, max_generated_tokens))], dim=1)
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)
     new_logits, running = [], []  # per step: [b, vocab] logits, [b] rows not yet stopped before the step
+    num_generated = 0
     try:
         with torch.no_grad():
             for cur in range(prompt_len, total_len):
@@ -180,15 +186,18 @@ def generate(
                 next_token = next_token.reshape(batch_size).long()
                 # a stopped row's later tokens are 0, as torchtune leaves them (whatever pad_id is)
                 sequence[:, cur] = next_token.masked_fill(done, 0)
-                new_logits.append(logits)
-                running.append(~done)
+                num_generated += 1
+                if return_logits:
+                    new_logits.append(logits)
+                    running.append(~done)
                 done = done | torch.isin(next_token, stop)
                 if done.all():  # one host sync per step; generation is sequential anyway
                     break
     finally:
         step.close()
-    num_generated = len(new_logits)
-    logits = torch.stack(new_logits, dim=1).masked_fill(~torch.stack(running, dim=1)[..., None], 0.0)
+    logits = None
+    if return_logits:
+        logits = torch.stack(new_logits, dim=1).masked_fill(~torch.stack(running, dim=1)[..., None], 0.0)
     out_dtype = prompt.dtype if isinstance(prompt, torch.Tensor) else torch.long
     return sequence[:, : prompt_len + num_generated].to(out_dtype), logits
 

@@ -2,6 +2,9 @@
 torchtune 0.6.1's own outputs; KV cache vs recomputation, left padding, stop tokens, and parity with transformers'
 greedy generate."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -114,6 +117,28 @@ def test_stopped_rows_get_zero_tokens_and_zero_logits_whatever_the_pad_id(model)
         assert (stopped[row, PROMPT_LEN + end :] == 0).all(), row  # 0, not pad_id: torchtune's meaning
         torch.testing.assert_close(logits[row, :end], free_logits[row, :end], rtol=0, atol=1e-5)
         assert (logits[row, end:] == 0).all(), row
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_without_logits_the_tokens_are_the_same_and_no_logits_are_kept(model, use_cache):
+    kwargs = dict(max_generated_tokens=10, temperature=0.9, top_k=20, stop_tokens=[11, 23], use_cache=use_cache)
+    with_logits, logits = generate(model, PROMPTS, rng=torch.Generator().manual_seed(4), **kwargs)
+    outputs, alive = [], []  # the model's logits so far; at each forward pass, how many earlier ones are alive
+
+    def count(module, args, output):
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in outputs))
+        outputs.append(weakref.ref(output))
+
+    handle = model.register_forward_hook(count)
+    try:
+        tokens, none = generate(model, PROMPTS, rng=torch.Generator().manual_seed(4), return_logits=False, **kwargs)
+    finally:
+        handle.remove()
+    assert none is None and logits is not None
+    assert torch.equal(tokens, with_logits)  # same length too: stop tokens still end the rows
+    assert len(alive) == with_logits.shape[1] - PROMPT_LEN
+    assert max(alive) <= 1  # at most the previous step's logits (held until the next step replaces them)
 
 
 def test_sampling_is_reproducible_and_cache_independent(model):
