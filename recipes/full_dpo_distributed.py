@@ -10,7 +10,11 @@ Every parameter of the policy is trained on preference pairs with a loss of ``tu
 hinge/IPO/robust variants, RSO, the reference-free SimPO). The reference model is a frozen copy of the starting
 weights, read by ``ref_checkpointer`` (torchtune's key; point it at the same checkpoint as ``checkpointer``) and
 sharded exactly like the policy (``fully_shard`` per transformer layer and on the root), so that it costs each rank
-one shard of the weights; a reference-free loss builds none. At step 1 the policy equals the reference: the DPO
+one shard of the weights; a reference-free loss builds none. With ``precompute_ref_log_probs: true`` (TRL's name) the
+reference's log-probs of every training pair, and of every validation pair, are computed once before training (each
+rank scores its share of the pairs, the shares are all-gathered so that every rank holds every pair's, and looked up
+by dataset index at each step), then the reference model is released: training holds no reference weights and runs
+one forward pass per micro-batch instead of two. At step 1 the policy equals the reference: the DPO
 loss is ln 2 and every reward is 0. Sequence log-probabilities are sums over the completion tokens (means for IPO
 and SimPO); batches hold the chosen rows then the rejected rows; pairs are not packed. ``batch_size`` is pairs per
 rank; the loss of a step is the mean over the pairs of all ranks and micro-batches (N ranks with batch b train
@@ -21,8 +25,10 @@ optimizer and progress for resuming (``output_dir/dcp/step_N/``); the reference 
 ``loss_step`` of ``lora_dpo_single_device.py`` (the math), with the reference as a second model.
 """
 
+import gc
 import logging
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +63,6 @@ UNSUPPORTED = {
     "dataset.packed": "a chosen and a rejected sequence form one sample; preference pairs are not packed",
     "model_converters": "the reference must be the policy's starting point; fine-tune with a converter first",
     "finetuning_schedule": "gradual unfreezing is offered by the SFT recipes only",
-    "precompute_ref_log_probs": "offered by lora_dpo_single_device only so far",
 }
 
 log = utils.get_logger(name="tune.recipes.full_dpo_distributed")
@@ -70,7 +75,8 @@ def log_info(message: str, *args: Any) -> None:
 
 
 class FullDPORecipeDistributed:
-    """Full preference optimization with FSDP2 and a sharded frozen reference; implements
+    """Full preference optimization with FSDP2 and a sharded frozen reference (or, with
+    ``precompute_ref_log_probs``, its log-probs computed once and the reference released); implements
     :class:`tune.recipe_interfaces.FTRecipeInterface`.
 
     Supports gradient accumulation (the loss is the mean over all pairs of the step on all ranks), clipping, any
@@ -109,6 +115,7 @@ class FullDPORecipeDistributed:
         self._epochs = cfg.epochs
         self._max_steps_per_epoch = cfg.max_steps_per_epoch
         self._gradient_accumulation_steps = cfg.gradient_accumulation_steps
+        self._precompute_reference = cfg.precompute_ref_log_probs
         self._init_distributed(cfg)
         self._configured_seed = cfg.seed
         self._seed = training.set_seed(training.sync_seed(cfg.seed))  # the same on every rank
@@ -296,11 +303,28 @@ class FullDPORecipeDistributed:
         self._optimizer = config.instantiate(cfg.optimizer, self._model.parameters())
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
+        # the reference's log-probs of the training and validation pairs, by dataset index (None: the reference
+        # model runs at every step)
+        self._reference_table = self._val_reference_table = None
+        precompute = self._precompute_reference and not self._reference_free
+        if self._precompute_reference and self._reference_free:
+            message = (
+                f"precompute_ref_log_probs has no effect: {config.component_name(cfg.loss)} needs no reference model."
+            )
+            utils.log_rank_zero(log, message, logging.WARNING)
+        if precompute:
+            self._reference_table = self._precompute_reference_table(self._dataloader, cfg.batch_size, "training")
         self._val_dataloader = None
         if cfg.dataset_val is not None:
             _, self._val_dataloader = self._setup_data(
                 cfg.dataset_val, False, cfg.batch_size, cfg.collate_fn, drop_last=False
             )
+            if precompute:  # validation needs the reference too, and it is about to go
+                self._val_reference_table = self._precompute_reference_table(
+                    self._val_dataloader, cfg.batch_size, "validation"
+                )
+        if precompute:
+            self._release_reference()
         with config.errors_at("batch_size", cfg.batch_size):
             self._steps_per_epoch = training.steps_per_epoch(
                 len(self._dataloader), self._gradient_accumulation_steps, self._max_steps_per_epoch, self._dp_size
@@ -314,6 +338,36 @@ class FullDPORecipeDistributed:
             self._restore_recipe_state()
         with training.errors_on_all_ranks():  # written by rank 0
             config.save_config(cfg, self._output_dir)
+
+    def _precompute_reference_table(self, loader: DataLoader, batch_size: int, split: str) -> torch.Tensor:
+        # a collective: every rank scores its share of the pairs (sharded forward passes), then all hold all
+        pairs = loader.dataset.dataset  # IndexedPairs around the pairs
+        table = rlhf.precompute_reference_log_probs(
+            self._ref_model,
+            pairs,
+            self._collate,  # the collate of the last _setup_data: this loader's
+            batch_size=batch_size,
+            device=self._device,
+            average_log_probs=self._average_log_probs,
+            process_group=self._mesh["dp_shard"].get_group(),
+        )
+        log_info(
+            "Reference log-probabilities of %d %s pairs computed once, over %d ranks.", len(pairs), split, self._dp_size
+        )
+        return table
+
+    def _release_reference(self) -> None:
+        # the tables replace the reference model: drop the recipe's handle and check that nothing else holds it
+        # (FSDP's hooks tie the module and its state in reference cycles, hence the collection)
+        reference = weakref.ref(self._ref_model)
+        self._ref_model = None
+        gc.collect()
+        if reference() is None:
+            log_info("Reference model released: training holds no reference weights.")
+        else:
+            utils.log_rank_zero(
+                log, "The reference model is still referenced: its memory is not freed.", logging.WARNING
+            )
 
     def _setup_model(self, cfg: DictConfig, full_state_dict: dict[str, Any], trainable: bool) -> nn.Module:
         """The policy (``trainable``) or the frozen reference: built from ``model`` on the meta device, sharded
@@ -368,7 +422,7 @@ class FullDPORecipeDistributed:
         dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         with config.errors_at("dataset", config.component_name(cfg_dataset)):
             rlhf.check_preference_dataset(dataset)  # chosen and rejected sequences, not SFT samples
-        collate = config.instantiate_collate(  # chosen rows first, then rejected rows
+        self._collate = config.instantiate_collate(  # chosen rows first, then rejected rows
             cfg_collate,
             dataset,
             padding_idx=self._tokenizer.pad_id,
@@ -379,12 +433,13 @@ class FullDPORecipeDistributed:
         sampler = StatefulDistributedSampler(
             dataset, num_replicas=self._dp_size, rank=self._dp_rank, shuffle=shuffle, seed=self._seed
         )
-        # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same
+        # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same;
+        # each batch carries its pairs' dataset indices (where precomputed reference log-probs are looked up)
         loader = DataLoader(
-            dataset,
+            rlhf.IndexedPairs(dataset),
             batch_size=batch_size,
             sampler=sampler,
-            collate_fn=collate,
+            collate_fn=rlhf.collate_with_indices(self._collate),
             drop_last=drop_last,
             pin_memory=self._device.type == "cuda",
         )
@@ -395,7 +450,12 @@ class FullDPORecipeDistributed:
 
     # ---------------------------------------------------------------------------------------------------- train
 
-    def loss_step(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: rlhf.PreferenceMetrics) -> torch.Tensor:
+    def loss_step(
+        self,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        metrics: rlhf.PreferenceMetrics,
+        reference_log_probs: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Forward passes and loss of one micro-batch of pairs. Override this in a copied recipe to change the
         objective.
 
@@ -403,6 +463,8 @@ class FullDPORecipeDistributed:
             batch (tuple[torch.Tensor, torch.Tensor]): ``(tokens, labels)`` [2b, s], chosen rows then rejected rows
                 (labels ``-100`` outside the completions, not shifted); already on the device.
             metrics (rlhf.PreferenceMetrics): where the rewards, log-probabilities and logits of the pairs go.
+            reference_log_probs (torch.Tensor | None): the reference's precomputed log-probabilities of the pairs
+                [b, 2] (chosen, rejected), looked up by the caller; None runs the reference model.
 
         Returns:
             torch.Tensor: the SUM of the per-pair losses (the loop divides by the pairs of the whole step on all
@@ -410,7 +472,9 @@ class FullDPORecipeDistributed:
         """
         tokens, labels = batch
         reference = None
-        if self._ref_model is not None:  # first, so that its logits are freed before the policy's exist
+        if reference_log_probs is not None:
+            reference = (reference_log_probs[:, 0], reference_log_probs[:, 1])
+        elif self._ref_model is not None:  # first, so that its logits are freed before the policy's exist
             with torch.no_grad():
                 reference_logits = self._ref_model(tokens)
                 reference = rlhf.get_batch_log_probs(
@@ -443,13 +507,15 @@ class FullDPORecipeDistributed:
                 micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
                 # every pair of the step on every rank weighs the same: the pairs are counted on the CPU batches
                 # and summed over the ranks (a collective, no host-device sync)
-                num_pairs = sum(tokens.shape[0] // 2 for tokens, _ in micro_batches)
+                num_pairs = sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches)
                 loss_scale = training.step_loss_scale(torch.tensor(num_pairs, device=device))
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
-                for batch_index, (tokens, labels) in enumerate(micro_batches):
+                for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
                     throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
                     batch = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True))
-                    loss = self.loss_step(batch, self._metrics) * loss_scale  # this rank's share of the mean
+                    reference = self._look_up(self._reference_table, indices)
+                    # this rank's share of the step's mean
+                    loss = self.loss_step(batch, self._metrics, reference) * loss_scale
                     step_loss += loss.detach()
                     if batch_index == self._gradient_accumulation_steps - 1:  # the step's loss, read once
                         self._loss_check.record(step_loss)  # backward is queued, before the optimizer step
@@ -485,6 +551,10 @@ class FullDPORecipeDistributed:
             pbar.close()
         self._profiler.stop()
 
+    def _look_up(self, table: torch.Tensor | None, indices: torch.Tensor) -> torch.Tensor | None:
+        # precomputed reference log-probs [b, 2] of the pairs at these dataset indices (every rank holds all pairs)
+        return None if table is None else table[indices.to(self._device)]
+
     def _mean_loss_since_log(self) -> float:
         # each rank holds its share of every step's mean loss: their sum over ranks is world_size x the mean
         return (training.all_reduce_sum(self._loss_since_log) / self._world_size).item()
@@ -519,10 +589,12 @@ class FullDPORecipeDistributed:
         self._model.eval()
         metrics = rlhf.PreferenceMetrics(self._device)
         totals = torch.zeros(2, dtype=torch.float32, device=self._device)  # summed loss, pairs
-        for index, (tokens, labels) in enumerate(self._val_dataloader):
+        for index, (tokens, labels, indices) in enumerate(self._val_dataloader):
             if self._max_validation_steps is not None and index >= self._max_validation_steps:
                 break
-            totals[0] += self.loss_step((tokens.to(self._device), labels.to(self._device)), metrics).float()
+            batch = (tokens.to(self._device), labels.to(self._device))
+            reference = self._look_up(self._val_reference_table, indices)
+            totals[0] += self.loss_step(batch, metrics, reference).float()
             totals[1] += tokens.shape[0] // 2
         self._model.train()
         loss_sum, num_pairs = training.all_reduce_sum(totals).tolist()

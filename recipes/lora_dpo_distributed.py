@@ -9,7 +9,10 @@ Launched by torchrun, one process per device, on one node or many::
 Trains LoRA adapters on preference pairs with a loss of ``tune.rlhf.loss`` (DPO and its hinge/IPO/robust variants,
 RSO, the reference-free SimPO), as ``lora_dpo_single_device`` does: the reference model is the policy with its
 adapters disabled (no second copy of the weights), sequence log-probabilities are sums over the completion tokens
-(means for IPO and SimPO), batches hold the chosen rows then the rejected rows, and pairs are not packed. The model
+(means for IPO and SimPO), batches hold the chosen rows then the rejected rows, and pairs are not packed. With
+``precompute_ref_log_probs: true`` the reference's log-probs of every training pair are computed once before
+training, each rank scoring its share of the pairs and the shares all-gathered, so that every rank looks up any pair
+by its dataset index at each step (validation pairs still run the reference, as on one device). The model
 is sharded as in ``lora_finetune_distributed`` (built on the meta device, adapters drawn from one seed on every
 rank, ``fully_shard`` per transformer layer and on the root, each rank loading only its shards). ``batch_size`` is
 pairs per rank; the loss of a step is the mean over the pairs of all ranks and micro-batches, so N ranks with batch
@@ -67,7 +70,6 @@ UNSUPPORTED = {
     "dataset.packed": "a chosen and a rejected sequence form one sample; preference pairs are not packed",
     "model_converters": "build the model with a lora_* builder instead",
     "finetuning_schedule": "gradual unfreezing is offered by the SFT recipes only",
-    "precompute_ref_log_probs": "offered by lora_dpo_single_device only so far",
 }
 
 log = utils.get_logger(name="tune.recipes.lora_dpo_distributed")
@@ -120,6 +122,7 @@ class LoRADPORecipeDistributed:
         self._epochs = cfg.epochs
         self._max_steps_per_epoch = cfg.max_steps_per_epoch
         self._gradient_accumulation_steps = cfg.gradient_accumulation_steps
+        self._precompute_reference = cfg.precompute_ref_log_probs
         self._init_distributed(cfg)
         self._configured_seed = cfg.seed
         self._seed = training.set_seed(training.sync_seed(cfg.seed))  # the same on every rank
@@ -299,6 +302,30 @@ class LoRADPORecipeDistributed:
         log_info("Loss: %s (%s).", config.component_name(cfg.loss), reference)
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
+        # the reference's log-probs of every training pair, by dataset index (None: computed at every step)
+        self._reference_table = None
+        if self._precompute_reference and self._reference_free:
+            message = (
+                f"precompute_ref_log_probs has no effect: {config.component_name(cfg.loss)} needs no reference model."
+            )
+            utils.log_rank_zero(log, message, logging.WARNING)
+        elif self._precompute_reference:
+            pairs = self._dataloader.dataset.dataset  # IndexedPairs around the pairs
+            # a collective: every rank scores its share of the pairs (sharded forward passes), then all hold all
+            self._reference_table = rlhf.precompute_reference_log_probs(
+                self._reference_logits,
+                pairs,
+                self._collate,
+                batch_size=cfg.batch_size,
+                device=self._device,
+                average_log_probs=self._average_log_probs,
+                process_group=self._mesh["dp_shard"].get_group(),
+            )
+            log_info(
+                "Reference log-probabilities of %d training pairs computed once, over %d ranks.",
+                len(pairs),
+                self._dp_size,
+            )
         self._val_dataloader = None
         if cfg.dataset_val is not None:
             _, self._val_dataloader = self._setup_data(
@@ -403,7 +430,7 @@ class LoRADPORecipeDistributed:
         dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         with config.errors_at("dataset", config.component_name(cfg_dataset)):
             rlhf.check_preference_dataset(dataset)  # chosen and rejected sequences, not SFT samples
-        collate = config.instantiate_collate(  # chosen rows first, then rejected rows
+        self._collate = config.instantiate_collate(  # chosen rows first, then rejected rows
             cfg_collate,
             dataset,
             padding_idx=self._tokenizer.pad_id,
@@ -414,12 +441,13 @@ class LoRADPORecipeDistributed:
         sampler = StatefulDistributedSampler(
             dataset, num_replicas=self._dp_size, rank=self._dp_rank, shuffle=shuffle, seed=self._seed
         )
-        # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same
+        # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same;
+        # each batch carries its pairs' dataset indices (where precomputed reference log-probs are looked up)
         loader = DataLoader(
-            dataset,
+            rlhf.IndexedPairs(dataset),
             batch_size=batch_size,
             sampler=sampler,
-            collate_fn=collate,
+            collate_fn=rlhf.collate_with_indices(self._collate),
             drop_last=drop_last,
             pin_memory=self._device.type == "cuda",
         )
@@ -430,7 +458,12 @@ class LoRADPORecipeDistributed:
 
     # ---------------------------------------------------------------------------------------------------- train
 
-    def loss_step(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: rlhf.PreferenceMetrics) -> torch.Tensor:
+    def loss_step(
+        self,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        metrics: rlhf.PreferenceMetrics,
+        indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Forward passes and loss of one micro-batch of pairs. Override this in a copied recipe to change the
         objective.
 
@@ -438,6 +471,8 @@ class LoRADPORecipeDistributed:
             batch (tuple[torch.Tensor, torch.Tensor]): ``(tokens, labels)`` [2b, s], chosen rows then rejected rows
                 (labels ``-100`` outside the completions, not shifted); already on the device.
             metrics (rlhf.PreferenceMetrics): where the rewards, log-probabilities and logits of the pairs go.
+            indices (torch.Tensor | None): the pairs' dataset indices [b], where precomputed reference
+                log-probabilities are looked up; None runs the reference.
 
         Returns:
             torch.Tensor: the SUM of the per-pair losses (the loop divides by the pairs of the whole step on all
@@ -445,9 +480,12 @@ class LoRADPORecipeDistributed:
         """
         tokens, labels = batch
         reference = None
-        if not self._reference_free:  # first, so that its logits are freed before the policy's exist
-            with torch.no_grad(), disable_adapter(self._model):
-                reference_logits = self._model(tokens)
+        if self._reference_table is not None and indices is not None:
+            looked_up = self._reference_table[indices.to(self._device)]  # [b, 2]: every rank holds every pair
+            reference = (looked_up[:, 0], looked_up[:, 1])
+        elif not self._reference_free:  # first, so that its logits are freed before the policy's exist
+            with torch.no_grad():
+                reference_logits = self._reference_logits(tokens)
                 reference = rlhf.get_batch_log_probs(
                     reference_logits, labels, return_average_logprobs=self._average_log_probs
                 ).chunk(2)
@@ -461,6 +499,11 @@ class LoRADPORecipeDistributed:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy, *reference)
         metrics.update(chosen_rewards, rejected_rewards, policy[0].detach(), policy[1].detach(), logits, labels)
         return losses.sum()
+
+    def _reference_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The reference model's logits: the policy with its adapters disabled."""
+        with disable_adapter(self._model):
+            return self._model(tokens)
 
     def train(self) -> None:
         """Runs the epochs: accumulate, clip, step, log, validate and save. Stops on a non-finite loss."""
@@ -478,13 +521,14 @@ class LoRADPORecipeDistributed:
                 micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
                 # every pair of the step on every rank weighs the same: the pairs are counted on the CPU batches
                 # and summed over the ranks (a collective, no host-device sync)
-                num_pairs = sum(tokens.shape[0] // 2 for tokens, _ in micro_batches)
+                num_pairs = sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches)
                 loss_scale = training.step_loss_scale(torch.tensor(num_pairs, device=device))
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
-                for batch_index, (tokens, labels) in enumerate(micro_batches):
+                for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
                     throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
                     batch = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True))
-                    loss = self.loss_step(batch, self._metrics) * loss_scale  # this rank's share of the mean
+                    # this rank's share of the step's mean
+                    loss = self.loss_step(batch, self._metrics, indices) * loss_scale
                     step_loss += loss.detach()
                     if batch_index == self._gradient_accumulation_steps - 1:  # the step's loss, read once
                         self._loss_check.record(step_loss)  # backward is queued, before the optimizer step
@@ -557,7 +601,7 @@ class LoRADPORecipeDistributed:
         self._model.eval()
         metrics = rlhf.PreferenceMetrics(self._device)
         totals = torch.zeros(2, dtype=torch.float32, device=self._device)  # summed loss, pairs
-        for index, (tokens, labels) in enumerate(self._val_dataloader):
+        for index, (tokens, labels, _) in enumerate(self._val_dataloader):
             if self._max_validation_steps is not None and index >= self._max_validation_steps:
                 break
             totals[0] += self.loss_step((tokens.to(self._device), labels.to(self._device)), metrics).float()

@@ -6,7 +6,8 @@ The policy and the frozen reference are both read from the tiny Llama (tests/rec
 is 0. torchtune ships no single-device full DPO recipe; the single-device references are a plain PyTorch loop over
 the Hugging Face model (full DPO written out here, in this process) and, in the slow tier, the same recipe on one
 process, each with the same global batch: 2 ranks x 2 pairs (or x 1 pair x 2 accumulation steps) see the same 4 pairs
-per step as 1 device x 4 pairs.
+per step as 1 device x 4 pairs. With ``precompute_ref_log_probs`` the reference's log-probs are a table computed
+before training and the reference model is released; the run with it is compared with the run without it.
 """
 
 import math
@@ -34,12 +35,56 @@ METRICS = [
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    """32 training pairs and 8 held-out pairs in messages form."""
+    """32 training pairs, 8 held-out pairs and 7 more (2 ranks get 4 each: one repeated) in messages form."""
     root = tmp_path_factory.mktemp("full_dpo_pairs")
     return {
         "train": write_preference_messages(root / "pairs.json", 32, seed=0),
         "held_out": write_preference_messages(root / "held_out.json", 8, seed=1),
+        "held_out_odd": write_preference_messages(root / "held_out_odd.json", 7, seed=2),
     }
+
+
+def _validation(held_out: Path, every: int) -> list[str]:
+    node = f"{{_component_: tune.datasets.preference_dataset, source: json, split: train, data_files: {held_out}}}"
+    return [f"dataset_val={node}", f"run_val_every_n_steps={every}"]
+
+
+@pytest.fixture(scope="module")
+def shuffled_runs(tiny_assets, pairs, tmp_path_factory):
+    """2 shuffled steps on 2 ranks x 2 pairs, validated at step 2 (7 pairs), with and without
+    precompute_ref_log_probs, and the plain loop on the same 4 pairs per step: run side by side."""
+    root = tmp_path_factory.mktemp("full_dpo_shuffled")
+    common = ["batch_size=2", "max_steps_per_epoch=2", "shuffle=True", *_validation(pairs["held_out_odd"], 2)]
+    every_step, precomputed = root / "every_step", root / "precomputed"
+    _, proc, plain = run_concurrently(
+        lambda: run_distributed(RECIPE, CONFIG, _overrides(tiny_assets, pairs, every_step, *common), root),
+        lambda: run_distributed(
+            RECIPE, CONFIG, _overrides(tiny_assets, pairs, precomputed, *common, "precompute_ref_log_probs=True"), root
+        ),
+        lambda: _plain_dpo(tiny_assets, pairs["train"], _shuffled_steps(32, num_steps=2, batch_size=2)),
+    )
+    return {
+        "every_step": train_log(every_step),
+        "precomputed": train_log(precomputed),
+        "precomputed_output": proc.stdout + proc.stderr,
+        "plain": plain,
+    }
+
+
+def _shuffled_steps(num_pairs: int, num_steps: int, batch_size: int, num_ranks: int = 2) -> list[list[int]]:
+    """The dataset indices each step of the recipe reads on all ranks together: rank r's shard of the recipe's
+    sampler (seed 0, epoch 0), batch after batch."""
+    from tune.training.checkpointing import StatefulDistributedSampler
+
+    shards = []
+    for rank in range(num_ranks):
+        sampler = StatefulDistributedSampler(range(num_pairs), num_replicas=num_ranks, rank=rank, shuffle=True, seed=0)
+        sampler.set_epoch(0)
+        shards.append(list(sampler))
+    return [
+        [index for shard in shards for index in shard[step * batch_size : (step + 1) * batch_size]]
+        for step in range(num_steps)
+    ]
 
 
 def _overrides(assets: Path, pairs: dict, out: Path, *extra: str) -> list[str]:
@@ -52,14 +97,8 @@ def _compare(reference: dict, distributed: dict, keys: list[str], label: str) ->
     return max(worst.values())
 
 
-def test_two_ranks_match_a_plain_loop_on_one_device_and_step_one_is_ln2(tiny_assets, pairs, tmp_path):
-    out = tmp_path / "two_ranks"
-    extra = ["batch_size=2", "max_steps_per_epoch=2", "shuffle=False"]  # rank r reads pairs r, r + 2, ...
-    _, plain = run_concurrently(
-        lambda: run_distributed(RECIPE, CONFIG, _overrides(tiny_assets, pairs, out, *extra), tmp_path),
-        lambda: _plain_dpo(tiny_assets, pairs["train"], num_steps=2, batch_size=4),
-    )
-    distributed = train_log(out)
+def test_two_ranks_match_a_plain_loop_on_one_device_and_step_one_is_ln2(shuffled_runs):
+    plain, distributed = shuffled_runs["plain"], shuffled_runs["every_step"]
     first = distributed[1]
     print(f"full DPO step 1 (2 ranks): loss {first['loss']:.9f}, ln 2 = {math.log(2):.9f}")
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-6, rel=0)
@@ -67,6 +106,27 @@ def test_two_ranks_match_a_plain_loop_on_one_device_and_step_one_is_ln2(tiny_ass
         assert first[key] == 0, key
     assert _compare(plain, distributed, PLAIN_METRICS, "full DPO vs a plain loop") < 1e-5
     assert distributed[2]["rewards/margins"] != 0  # step 1 moved the policy away from the reference
+
+
+def test_precomputed_reference_log_probs_train_as_the_reference_model_and_release_it(shuffled_runs):
+    # the table is computed over the ranks (each scores its share, then all-gathered), looked up by dataset index
+    # in shuffled batches: a lookup by position, or a rank holding only its own share, changes the rewards
+    precomputed, every_step = shuffled_runs["precomputed"], shuffled_runs["every_step"]
+    output = shuffled_runs["precomputed_output"]
+    assert "Reference log-probabilities of 32 training pairs computed once, over 2 ranks" in output
+    assert "Reference log-probabilities of 7 validation pairs computed once, over 2 ranks" in output
+    # no reference model during training: nothing holds it once the tables exist (checked with a weak reference)
+    assert "Reference model released: training holds no reference weights" in output, output[-3000:]
+    assert sorted(precomputed) == sorted(every_step) == [1, 2]
+    val_keys = ["val_loss", "val_rewards/chosen", "val_rewards/rejected", "val_rewards/accuracies"]
+    val_keys += ["val_rewards/margins", "val_logps/chosen", "val_logps/rejected"]
+    worst = {key: max_difference(every_step, precomputed, key) for key in METRICS + val_keys}
+    print(
+        "full DPO, precomputed reference: max |precomputed - every step| "
+        + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+    )
+    assert max(worst.values()) <= 1e-6, worst
+    assert every_step[2]["val_rewards/margins"] != 0  # validation after a step: the reference matters
 
 
 @pytest.mark.slow
@@ -124,10 +184,13 @@ def test_accumulation_validation_resume_and_outputs(tiny_assets, pairs, tmp_path
 @pytest.mark.slow
 def test_a_reference_free_loss_builds_no_reference_and_dpo_needs_one(tiny_assets, pairs, tmp_path):
     simpo = ["loss._component_=tune.rlhf.loss.SimPOLoss", "~loss.beta", "max_steps_per_epoch=1", "batch_size=2"]
+    simpo.append("precompute_ref_log_probs=True")
     proc = run_distributed(RECIPE, CONFIG, _overrides(tiny_assets, pairs, tmp_path / "simpo", *simpo), tmp_path)
     output = proc.stdout + proc.stderr
     assert "SimPOLoss (no reference model)" in output and "Reference (frozen)" not in output
     assert "ref_checkpointer has no effect" in output
+    # a reference-free loss has no reference log-probs to precompute: said, not silently ignored
+    assert "precompute_ref_log_probs has no effect: tune.rlhf.loss.SimPOLoss" in output
     assert train_log(tmp_path / "simpo")[1]["rewards/chosen"] != 0  # SimPO's reward: beta x mean log-prob
     no_reference = _overrides(tiny_assets, pairs, tmp_path / "dpo", "ref_checkpointer=null", "max_steps_per_epoch=1")
     proc = run_distributed(RECIPE, CONFIG, no_reference, tmp_path, check=False)
@@ -142,10 +205,11 @@ PLAIN_METRICS = [
 ]  # fmt: skip
 
 
-def _plain_dpo(assets: Path, pairs_file: Path, num_steps: int, batch_size: int) -> dict[int, dict]:
-    """Full DPO in plain PyTorch on the Hugging Face model: the pairs in order, tokenised by tune's preference
-    dataset, summed completion log-probabilities by hand, ``-logsigmoid(beta * margin)`` averaged over the step's
-    pairs, ``torch.optim.AdamW`` at the config's settings. Returns step -> the loss and TRL's reward metrics."""
+def _plain_dpo(assets: Path, pairs_file: Path, steps: list[list[int]]) -> dict[int, dict]:
+    """Full DPO in plain PyTorch on the Hugging Face model: ``steps[i]`` the dataset indices of step i + 1's pairs,
+    tokenised by tune's preference dataset, summed completion log-probabilities by hand,
+    ``-logsigmoid(beta * margin)`` averaged over the step's pairs, ``torch.optim.AdamW`` at the config's settings.
+    Returns step -> the loss and TRL's reward metrics."""
     from transformers import LlamaForCausalLM
 
     from tune.datasets import preference_dataset
@@ -164,9 +228,10 @@ def _plain_dpo(assets: Path, pairs_file: Path, num_steps: int, batch_size: int) 
         return torch.log_softmax(logits, dim=-1)[scored, targets[scored]].sum()
 
     records = {}
-    for step in range(1, num_steps + 1):
+    for step, indices in enumerate(steps, start=1):
+        batch_size = len(indices)
         values = []  # per pair: loss, chosen reward, rejected reward, policy chosen and rejected log-probs
-        for pair in (dataset[(step - 1) * batch_size + i] for i in range(batch_size)):
+        for pair in (dataset[index] for index in indices):
             sides = [(pair[f"{s}_input_ids"], pair[f"{s}_labels"]) for s in ("chosen", "rejected")]
             with torch.no_grad():
                 ref_chosen, ref_rejected = (log_prob(reference, *side) for side in sides)

@@ -7,6 +7,8 @@ accumulation steps) see the same 4 pairs per step as 1 device x 4 pairs. Both st
 random A and B (``adapter_checkpoint``): the recipes draw fresh adapters differently (one device initialises the
 whole model, the distributed recipe only the adapters), and a non-zero B makes the policy differ from the reference
 (the model with adapters disabled) from step 1, so that every reward metric is compared on non-trivial values.
+With ``precompute_ref_log_probs`` the reference's log-probs are a table computed over the ranks before training; the
+run with it is compared with the run without it.
 """
 
 import shutil
@@ -63,19 +65,50 @@ def _compare(reference: dict, distributed: dict, keys: list[str], label: str) ->
     return max(worst.values())
 
 
-def test_two_ranks_match_one_device(tiny_assets, start, tmp_path):
-    """2 steps: the loss and every preference metric (all-reduced over the ranks) equal the single-device run's."""
-    single, two = tmp_path / "single", tmp_path / "two_ranks"
+@pytest.fixture(scope="module")
+def two_step_runs(tiny_assets, start, tmp_path_factory):
+    """2 shuffled steps: 1 device x 4 pairs, and 2 ranks x 2 pairs with and without precompute_ref_log_probs, run
+    side by side."""
+    root = tmp_path_factory.mktemp("lora_dpo_two_steps")
+    single, two, precomputed = root / "single", root / "two_ranks", root / "precomputed"
     steps = "max_steps_per_epoch=2"
-    run_concurrently(
-        lambda: run_recipe(SINGLE, CONFIG, _overrides(tiny_assets, start, single, "batch_size=4", steps), tmp_path),
-        lambda: run_distributed(RECIPE, CONFIG, _overrides(tiny_assets, start, two, "batch_size=2", steps), tmp_path),
+    _, _, proc = run_concurrently(
+        lambda: run_recipe(SINGLE, CONFIG, _overrides(tiny_assets, start, single, "batch_size=4", steps), root),
+        lambda: run_distributed(RECIPE, CONFIG, _overrides(tiny_assets, start, two, "batch_size=2", steps), root),
+        lambda: run_distributed(
+            RECIPE,
+            CONFIG,
+            _overrides(tiny_assets, start, precomputed, "batch_size=2", steps, "precompute_ref_log_probs=True"),
+            root,
+        ),
     )
-    reference, distributed = train_log(single), train_log(two)
+    return {
+        "single": train_log(single),
+        "two_ranks": train_log(two),
+        "precomputed": train_log(precomputed),
+        "precomputed_output": proc.stdout + proc.stderr,
+    }
+
+
+def test_two_ranks_match_one_device(two_step_runs):
+    """2 steps: the loss and every preference metric (all-reduced over the ranks) equal the single-device run's."""
+    reference, distributed = two_step_runs["single"], two_step_runs["two_ranks"]
     assert sorted(distributed) == [1, 2]
     assert _compare(reference, distributed, METRICS, "LoRA DPO") < 1e-5
     assert max_difference(reference, distributed, "grad_norm") < 1e-5 * reference[1]["grad_norm"]
     assert reference[1]["rewards/margins"] != 0  # the random adapter makes the policy differ from the reference
+
+
+def test_precomputed_reference_log_probs_train_as_the_reference_pass(two_step_runs):
+    # the table is computed over the ranks (each scores its share, then all-gathered) and looked up by dataset index
+    # in shuffled batches: a lookup by position, or a rank holding only its own share, changes the rewards
+    precomputed, every_step = two_step_runs["precomputed"], two_step_runs["two_ranks"]
+    output = two_step_runs["precomputed_output"]
+    assert "Reference log-probabilities of 32 training pairs computed once, over 2 ranks" in output
+    assert sorted(precomputed) == sorted(every_step) == [1, 2]
+    worst = max(max_difference(every_step, precomputed, key) for key in METRICS)
+    print(f"LoRA DPO, precomputed reference: max |precomputed - every step| over {METRICS} = {worst:.1e}")
+    assert worst <= 1e-6
 
 
 @pytest.mark.slow
@@ -121,6 +154,17 @@ def test_accumulation_validation_resume_and_outputs(tiny_assets, start, tmp_path
         one_device_logits = one_device(input_ids=tokens).logits
     torch.testing.assert_close(with_adapter, merged, atol=1e-5, rtol=0)  # the adapter is the merged update
     torch.testing.assert_close(merged, one_device_logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_reference_free_loss_says_precomputing_has_no_effect(tiny_assets, start, tmp_path):
+    simpo = ["loss._component_=tune.rlhf.loss.SimPOLoss", "~loss.beta", "max_steps_per_epoch=1"]
+    overrides = _overrides(tiny_assets, start, tmp_path / "simpo", *simpo, "precompute_ref_log_probs=True")
+    proc = run_distributed(RECIPE, CONFIG, overrides, tmp_path)
+    output = proc.stdout + proc.stderr
+    assert "precompute_ref_log_probs has no effect: tune.rlhf.loss.SimPOLoss" in output
+    assert "Reference log-probabilities of" not in output
+    assert train_log(tmp_path / "simpo")[1]["rewards/chosen"] != 0  # SimPO's reward: beta x mean log-prob
 
 
 @pytest.mark.slow

@@ -59,12 +59,12 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
         "fsdp_reshard_after_forward": True,
         "fsdp_mixed_precision": None,
     },
-    # preference recipes (lora_dpo_single_device), read after "finetune": pairs are collated chosen rows first,
+    # preference recipes (the DPO recipes), read after "finetune": pairs are collated chosen rows first,
     # then rejected rows, padded (padding-free rows and packing do not apply to pairs)
     "dpo": {
         "collate_fn": "tune.data.padded_collate_dpo",
         # TRL's name: the reference log-probs of every training pair computed once before training (one forward
-        # pass per step less); validation pairs still run the reference
+        # pass per step less; full_dpo_distributed also scores the validation pairs and then frees the reference)
         "precompute_ref_log_probs": False,
     },
 }

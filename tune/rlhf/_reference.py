@@ -4,14 +4,15 @@ The reference model of DPO does not change, so its sequence log-probabilities ca
 the training pairs and looked up by the pair's index at every step: one forward pass per step less (and, for a
 full fine-tune, no reference model held during training). :class:`IndexedPairs` gives each pair its dataset index,
 :func:`collate_with_indices` carries the indices through the recipe's collate, and
-:func:`precompute_reference_log_probs` fills the table.
+:func:`precompute_reference_log_probs` fills the table, on one device or split over the ranks of an FSDP run.
 """
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from tune.rlhf._sequence_processing import get_batch_log_probs
 
@@ -58,30 +59,58 @@ def precompute_reference_log_probs(
     batch_size: int,
     device: torch.device,
     average_log_probs: bool = False,
+    process_group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """The reference's chosen and rejected log-probabilities of every pair, in dataset order.
+
+    With a ``process_group`` (the data-parallel ranks of an FSDP run) the work is split: each rank scores the
+    pairs of its shard of a non-shuffled :class:`~torch.utils.data.distributed.DistributedSampler` (every rank
+    runs the same number of forward passes, so that the sharded model's collectives stay in lockstep), then the
+    shards are all-gathered and every rank returns the whole table. The sampler's padding (the first pairs
+    repeated so that the shards have equal lengths) is scored twice and kept once.
 
     Args:
         reference_logits (Callable[[torch.Tensor], torch.Tensor]): tokens ``[2b, s]`` -> the reference model's
             logits ``[2b, s, v]`` (for LoRA, the model under ``disable_adapter``).
         pairs (Dataset): the preference pairs (not indexed).
         collate (Callable): their collate, returning ``(tokens, labels)`` with chosen rows first, then rejected.
-        batch_size (int): pairs per forward pass.
-        device (torch.device): where the model runs; the table stays there.
+        batch_size (int): pairs per forward pass (per rank).
+        device (torch.device): where the model runs; the table stays there (under NCCL, a GPU).
         average_log_probs (bool): means over the completion tokens instead of sums (IPO, SimPO). Default False.
+        process_group (dist.ProcessGroup | None): the ranks that share the pairs; every one of them must call this
+            function. None (default): this process scores every pair itself.
 
     Returns:
         torch.Tensor: ``[len(pairs), 2]`` float32: column 0 the chosen, column 1 the rejected log-probabilities.
     """
-    table = torch.empty(len(pairs), 2, dtype=torch.float32, device=device)
-    loader = DataLoader(pairs, batch_size=batch_size, shuffle=False, collate_fn=collate)
-    start = 0
-    for tokens, labels in loader:
+    sampler = None
+    if process_group is not None:
+        num_ranks, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+        sampler = DistributedSampler(pairs, num_replicas=num_ranks, rank=rank, shuffle=False)
+    loader = DataLoader(
+        IndexedPairs(pairs), batch_size=batch_size, sampler=sampler, collate_fn=collate_with_indices(collate)
+    )
+    values = [torch.empty(0, 2, dtype=torch.float32, device=device)]  # [b, 2] per batch: chosen, rejected
+    indices = [torch.empty(0, dtype=torch.long)]  # the pairs' dataset indices [b] per batch
+    for tokens, labels, batch_indices in loader:
         logits = reference_logits(tokens.to(device))
         log_probs = get_batch_log_probs(logits, labels.to(device), return_average_logprobs=average_log_probs)
-        chosen, rejected = log_probs.float().chunk(2)
-        table[start : start + chosen.shape[0], 0] = chosen
-        table[start : start + chosen.shape[0], 1] = rejected
-        start += chosen.shape[0]
         del logits
-    return table
+        values.append(torch.stack(log_probs.float().chunk(2), dim=1))
+        indices.append(batch_indices)
+    values, indices = torch.cat(values), torch.cat(indices).to(device)
+    if process_group is not None:  # every shard has the same length: one all-gather of each
+        values, indices = _gather(values, process_group), _gather(indices, process_group)
+    # where each pair's log-probs first appear (a padding duplicate comes later): [len(pairs)]
+    positions = torch.arange(indices.numel(), device=device)
+    first = torch.full((len(pairs),), indices.numel(), dtype=torch.long, device=device)
+    first.scatter_reduce_(0, indices, positions, reduce="amin")
+    assert bool((first < indices.numel()).all()), "a pair was scored by no rank"
+    return values[first]
+
+
+def _gather(tensor: torch.Tensor, process_group: dist.ProcessGroup) -> torch.Tensor:
+    # the ranks' tensors (all of one shape) concatenated in rank order
+    shards = [torch.empty_like(tensor) for _ in range(dist.get_world_size(process_group))]
+    dist.all_gather(shards, tensor.contiguous(), group=process_group)
+    return torch.cat(shards)
