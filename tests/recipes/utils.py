@@ -9,15 +9,20 @@ import io
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from tests.recipes._zygote import Zygote
+
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = Path(__file__).parent / "assets"
+_ZYGOTE = Zygote()  # this worker's forking recipe runner, started by the first run_recipe
 
 _WORDS = (
     "the a one two three four five six seven eight nine ten add sum of and is what plus minus times number "
@@ -123,12 +128,21 @@ def run_recipe(
     Returns:
         subprocess.CompletedProcess: with ``stdout`` and ``stderr`` captured as text.
     """
+    fresh = env is not None or os.environ.get("TUNE_TEST_FRESH_PROCESS") == "1"
     env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ASSETS), env.get("PYTHONPATH", "")])
     env.setdefault("OMP_NUM_THREADS", "1")
     env["TQDM_DISABLE"] = "1"
-    cmd = [sys.executable, "-m", "tune._cli.main", "run", recipe, "--config", str(config), *overrides]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    argv = ["run", recipe, "--config", str(config), *overrides]
+    cmd = [sys.executable, "-m", "tune._cli.main", *argv]
+    if fresh:  # extra environment variables may matter at import time: a fresh interpreter
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    else:  # forked from a process that has imported torch and tune already (tests/recipes/_zygote.py)
+        outputs = Path(tempfile.mkdtemp(prefix="tune-run-"))
+        stdout, stderr = outputs / "stdout", outputs / "stderr"
+        returncode = _ZYGOTE.run(argv, cwd, env, timeout, str(stdout), str(stderr))
+        proc = subprocess.CompletedProcess(cmd, returncode, stdout.read_text(), stderr.read_text())
+        shutil.rmtree(outputs)
     assert proc.returncode == 0 or not check, (
         f"`{' '.join(cmd)}` exited with {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
         f"--- stderr ---\n{proc.stderr[-8000:]}"
