@@ -10,6 +10,7 @@ shows up as a logits mismatch against ``transformers``, whose config is written 
 ``config.json`` values.
 """
 
+import functools
 import importlib
 import json
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ EMBED_DIM, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, INTERMEDIATE_DIM, NUM_LAYERS = 64,
 # preamble in 100-170 tokens, so at 64 every sample is cut to the same preamble and every batch has the same
 # loss (a resume that reads the wrong batches would then go unnoticed). The tiny rows are 178-365 tokens long.
 MAX_SEQ_LEN = 512
+# Mixture-of-experts families (qwen3_moe): each expert's width, the experts per layer and per token.
+MOE_INTERMEDIATE_DIM, NUM_EXPERTS, EXPERTS_PER_TOKEN = 32, 8, 2
 LORA_MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 # tune's attention module names -> transformers'
 HF_ATTN_NAMES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
@@ -47,7 +50,9 @@ class FamilySpec:
         configs (dict[str, str]): method -> shipped single-device config (relative to configs/).
         distributed (dict[str, str]): method -> shipped distributed config, where one exists.
         tokenizer (str): which tiny tokenizer (``sentencepiece``, ``gemma``, ``tiktoken``, ``qwen2_5``, ``qwen3``,
-            ``phi3``).
+            ``phi3``, ``phi4``, ``tekken``).
+        tokenizer_builder (str): the configs' tokenizer builder, where it is not ``FAMILY.tokenizer`` of
+            ``tune.models.<key>`` (a key that names a size, not a package, or an alias package).
     """
 
     size: str
@@ -57,6 +62,7 @@ class FamilySpec:
     configs: dict[str, str]
     distributed: dict[str, str]
     tokenizer: str
+    tokenizer_builder: str = ""
 
 
 def _single(prefix: str, methods=("full", "lora", "qlora")) -> dict[str, str]:
@@ -130,6 +136,27 @@ FAMILIES: dict[str, FamilySpec] = {
         {},
         "sentencepiece",
     ),  # fmt: skip
+    # Mistral 7B v0.3 and NeMo 12B: sizes of the mistral family (rows of its table), NeMo with its tekken tokenizer
+    "mistral_v0_3": FamilySpec(
+        "mistral_7b_v0_3",
+        "mistral",
+        "mistral",
+        "mistral",
+        _single("mistral/7B_v0.3", ("lora", "qlora")),
+        {},
+        "sentencepiece",
+        "tune.models.mistral.mistral_tokenizer",
+    ),  # fmt: skip
+    "mistral_nemo": FamilySpec(
+        "mistral_nemo_12b",
+        "mistral",
+        "mistral",
+        "mistral",
+        _single("mistral/nemo_12B", ("lora", "qlora")),
+        {},
+        "tekken",
+        "tune.models.mistral.mistral_nemo_tokenizer",
+    ),  # fmt: skip
     "qwen2_5": FamilySpec(
         "qwen2_5_0_5b",
         "qwen2_5",
@@ -138,6 +165,18 @@ FAMILIES: dict[str, FamilySpec] = {
         _single("qwen2_5/0.5B"),
         {"full": "qwen2_5/14B_full.yaml", "lora": "qwen2_5/14B_lora.yaml"},
         "qwen2_5",
+    ),  # fmt: skip
+    # Qwen2 is the Qwen2.5 architecture (tune.models.qwen2 is an alias package of qwen2_5's builders); torchtune's
+    # qwen2 set has no single-device QLoRA config
+    "qwen2": FamilySpec(
+        "qwen2_0_5b",
+        "qwen2",
+        "qwen2",
+        "qwen2",
+        _single("qwen2/0.5B", ("full", "lora")),
+        {"full": "qwen2/0.5B_full.yaml", "lora": "qwen2/0.5B_lora.yaml"},
+        "qwen2_5",
+        "tune.models.qwen2.qwen2_tokenizer",
     ),  # fmt: skip
     "qwen3": FamilySpec(
         "qwen3_0_6b_instruct",
@@ -148,6 +187,25 @@ FAMILIES: dict[str, FamilySpec] = {
         {"full": "qwen3/8B_full.yaml", "lora": "qwen3/8B_lora.yaml"},
         "qwen3",
     ),  # fmt: skip
+    # no single-device full config: 30B-A3B is fine-tuned in full on several GPUs
+    "qwen3_moe": FamilySpec(
+        "qwen3_moe_30b_a3b",
+        "qwen3_moe",
+        "qwen3_moe",
+        "qwen3_moe",
+        _single("qwen3_moe/30B_A3B", methods=("lora", "qlora")),
+        {"full": "qwen3_moe/30B_A3B_full.yaml", "lora": "qwen3_moe/30B_A3B_lora.yaml"},
+        "qwen3",
+    ),  # fmt: skip
+    "gemma": FamilySpec(
+        "gemma_2b",
+        "gemma",
+        "gemma",
+        "gemma",
+        _single("gemma/2B"),
+        {"full": "gemma/2B_full.yaml", "lora": "gemma/2B_lora.yaml"},
+        "gemma",
+    ),  # fmt: skip
     "gemma2": FamilySpec(
         "gemma2_2b",
         "gemma2",
@@ -155,6 +213,15 @@ FAMILIES: dict[str, FamilySpec] = {
         "gemma2",
         _single("gemma2/2B"),
         {"full": "gemma2/9B_full.yaml", "lora": "gemma2/9B_lora.yaml"},
+        "gemma",
+    ),  # fmt: skip
+    "gemma3": FamilySpec(
+        "gemma3_1b",
+        "gemma3",
+        "gemma3",
+        "gemma3",
+        _single("gemma3/1B"),
+        {"full": "gemma3/12B_full.yaml", "lora": "gemma3/12B_lora.yaml"},
         "gemma",
     ),  # fmt: skip
     "phi3": FamilySpec(
@@ -165,6 +232,16 @@ FAMILIES: dict[str, FamilySpec] = {
         _single("phi3/mini"),
         {},
         "phi3",
+    ),  # fmt: skip
+    # Phi-4 is a Phi-3 architecture (grouped-query attention, RoPE theta 250000) whose builders call phi3's
+    "phi4": FamilySpec(
+        "phi4_14b",
+        "phi4",
+        "phi3",
+        "phi3",
+        _single("phi4/14B"),
+        {"full": "phi4/14B_full.yaml", "lora": "phi4/14B_lora.yaml"},
+        "phi4",
     ),  # fmt: skip
 }
 
@@ -181,16 +258,27 @@ DPO_CONFIGS: dict[str, tuple[str, str]] = {
     "qwen2_5": ("qwen2_5/1.5B_lora_dpo_single_device.yaml", "lora"),
     "qwen3": ("qwen3/1.7B_lora_dpo_single_device.yaml", "lora"),
     "gemma2": ("gemma2/2B_lora_dpo_single_device.yaml", "lora"),
+    "gemma3": ("gemma3/1B_lora_dpo_single_device.yaml", "lora"),
     "phi3": ("phi3/mini_lora_dpo_single_device.yaml", "lora"),
 }
 
 
 # Families whose architecture and tokenizer kind another family's default-tier tests cover: Code Llama is Llama 2
 # with another RoPE base; Llama 3, 3.1 and 3.3 are Llama 3.2's blocks and tiktoken tokenizer with other RoPE
-# scaling and untied embeddings. Their LoRA configs (train, resume, load in transformers and PEFT) run in the
-# default tier, which checks those settings against transformers; their other shipped and published configs run in
-# the slow tier (`make test-all`), keeping `make test` under its 15 minutes.
-VARIANT_FAMILIES = ("code_llama2", "llama3", "llama3_1", "llama3_3")
+# scaling and untied embeddings; Phi-4 is Phi-3's blocks with another RoPE base and a byte-level BPE tokenizer
+# (its chat format is checked in tests/tune/models/test_phi4.py). Their LoRA configs (train, resume, load in
+# transformers and PEFT) run in the default tier, which checks those settings against transformers; their other
+# shipped and published configs run in the slow tier (`make test-all`), keeping `make test` under its 15 minutes.
+# Qwen2 is Qwen2.5's builders (tune.models.qwen2 is an alias package) with its own size table and tokenizer builder;
+# Mistral 7B v0.3 and NeMo are Mistral's blocks with other sizes (NeMo's head_dim and its tekken tokenizer are
+# checked against transformers in tests/tune/models/test_hf.py and test_mistral_variants.py).
+VARIANT_FAMILIES = (
+    *("code_llama2", "llama3", "llama3_1", "llama3_3", "phi4"),
+    *("qwen2", "mistral_v0_3", "mistral_nemo"),
+)
+# Qwen3-MoE is Qwen 3's attention and tokenizer with MoE blocks, which its LoRA config checks end to end in the
+# default tier (its NF4 experts: tests/tune/models/test_qwen3_moe.py); its QLoRA and distributed configs run slow.
+VARIANT_FAMILIES += ("qwen3_moe",)
 
 
 def tokenizer_file(kind: str) -> Path:
@@ -205,13 +293,82 @@ def tokenizer_file(kind: str) -> Path:
         return _tiny_tokenizers.qwen_tokenizer_json(qwen3=kind == "qwen3") / "tokenizer.json"
     if kind == "phi3":
         return _tiny_tokenizers.phi3_tokenizer_dir() / "tokenizer.model"
+    if kind == "phi4":
+        return phi4_tokenizer_dir() / "tokenizer.json"
+    if kind == "tekken":
+        return tekken_tokenizer_dir() / "tokenizer.json"
     raise ValueError(kind)
+
+
+@functools.cache
+def phi4_tokenizer_dir() -> Path:
+    """A Phi-4-style byte-level BPE (cl100k regex, no normaliser, Phi-4's 96 special tokens after the BPE entries):
+    ``tokenizer.json`` next to the ``vocab.json``/``merges.txt`` of the same model."""
+    from tokenizers import AddedToken
+
+    from tune.models.phi4._tokenizer import PHI4_ADDED_TOKENS, PHI4_PATTERN
+
+    tokenizer = _tiny_tokenizers._train_byte_level_bpe(PHI4_PATTERN, vocab_size=600, nfc=False)
+    out = _tiny_tokenizers._workdir() / "phi4"
+    out.mkdir()
+    tokenizer.model.save(str(out))
+    tokenizer.add_special_tokens(
+        [AddedToken(content, special=True, normalized=False) for content, _ in PHI4_ADDED_TOKENS]
+    )
+    tokenizer.save(str(out / "tokenizer.json"))
+    return out
+
+
+# Mistral NeMo's tekken tokenizer.json (mistralai/Mistral-Nemo-Instruct-2407): its first control tokens, in id order
+# (the release pads them to 1000 with <SPECIAL_n>), and its pre-tokenisation regex
+TEKKEN_CONTROL_TOKENS = (
+    "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]", "[TOOL_CALLS]", "<pad>", "[PREFIX]", "[MIDDLE]", "[SUFFIX]",
+)  # fmt: skip
+TEKKEN_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+    r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@functools.cache
+def tekken_tokenizer_dir() -> Path:
+    """A tekken-style ``tokenizer.json`` (byte-level BPE, control tokens at the first ids, no normaliser) with the
+    ``tokenizer_config.json`` special tokens of Mistral NeMo."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(TEKKEN_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=list(TEKKEN_CONTROL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_tiny_tokenizers.corpus(), trainer)
+    out = _tiny_tokenizers._workdir() / "tekken"
+    out.mkdir()
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
 
 
 def _tokenizer(family: str):
     """The family's own tokenizer on the tiny file (its ``vocab_size`` and special ids size the model)."""
     spec = FAMILIES[family]
-    tokenizer_builder = importlib.import_module(f"tune.models.{family}").FAMILY.tokenizer
+    if spec.tokenizer_builder:
+        module, _, name = spec.tokenizer_builder.rpartition(".")
+        tokenizer_builder = getattr(importlib.import_module(module), name)
+    else:
+        tokenizer_builder = importlib.import_module(f"tune.models.{family}").FAMILY.tokenizer
     return tokenizer_builder(str(tokenizer_file(spec.tokenizer)))
 
 
@@ -236,6 +393,10 @@ def tune_dims(family: str) -> dict:
     )
     if "head_dim" in dims:
         dims["head_dim"] = HEAD_DIM
+    if "num_experts" in dims:
+        dims.update(
+            moe_intermediate_dim=MOE_INTERMEDIATE_DIM, num_experts=NUM_EXPERTS, experts_per_token=EXPERTS_PER_TOKEN
+        )
     return dims
 
 
@@ -281,21 +442,54 @@ def hf_config(family: str):
         )  # fmt: skip
     if family == "mistral":  # mistralai/Mistral-7B-v0.1
         return transformers.MistralConfig(rope_theta=10_000.0, rms_norm_eps=1e-5, sliding_window=4096, **common)
+    if family == "mistral_v0_3":  # mistralai/Mistral-7B-Instruct-v0.3
+        return transformers.MistralConfig(rope_theta=1_000_000.0, rms_norm_eps=1e-5, sliding_window=None, **common)
+    if family == "mistral_nemo":  # mistralai/Mistral-Nemo-Instruct-2407
+        return transformers.MistralConfig(
+            head_dim=HEAD_DIM, rope_theta=1_000_000.0, rms_norm_eps=1e-5, sliding_window=None, **common
+        )
     if family == "qwen2_5":  # Qwen/Qwen2.5-0.5B-Instruct
+        return transformers.Qwen2Config(rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, **common)
+    if family == "qwen2":  # Qwen/Qwen2-0.5B-Instruct
         return transformers.Qwen2Config(rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, **common)
     if family == "qwen3":  # Qwen/Qwen3-0.6B
         return transformers.Qwen3Config(
             head_dim=HEAD_DIM, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, **common
         )
+    if family == "qwen3_moe":  # Qwen/Qwen3-30B-A3B (every layer sparse)
+        return transformers.Qwen3MoeConfig(
+            head_dim=HEAD_DIM, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            moe_intermediate_size=MOE_INTERMEDIATE_DIM, num_experts=NUM_EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], **common,
+        )  # fmt: skip
+    if family == "gemma":  # google/gemma-2b
+        return transformers.GemmaConfig(
+            head_dim=HEAD_DIM, rope_theta=10_000.0, rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh",
+            pad_token_id=tokenizer.pad_id, **common,
+        )  # fmt: skip
     if family == "gemma2":  # google/gemma-2-2b-it
         return transformers.Gemma2Config(
             head_dim=HEAD_DIM, rope_theta=10_000.0, rms_norm_eps=1e-6, query_pre_attn_scalar=256,
             attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=4096,
             pad_token_id=tokenizer.pad_id, **common,
         )  # fmt: skip
+    if family == "gemma3":  # google/gemma-3-1b-it (2 layers: both local, as the first 5 of every 6 are)
+        rope = {
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        }
+        return transformers.Gemma3TextConfig(
+            head_dim=HEAD_DIM, rope_parameters=rope, rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=512,
+            pad_token_id=tokenizer.pad_id, **common,
+        )  # fmt: skip
     if family == "phi3":  # microsoft/Phi-3-mini-4k-instruct
         return transformers.Phi3Config(
             rope_theta=10_000.0, rms_norm_eps=1e-5, sliding_window=2047, tie_word_embeddings=False,
+            original_max_position_embeddings=MAX_SEQ_LEN, pad_token_id=tokenizer.pad_id, **common,
+        )  # fmt: skip
+    if family == "phi4":  # microsoft/phi-4
+        return transformers.Phi3Config(
+            rope_theta=250_000.0, rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False,
             original_max_position_embeddings=MAX_SEQ_LEN, pad_token_id=tokenizer.pad_id, **common,
         )  # fmt: skip
     raise ValueError(family)
@@ -340,7 +534,7 @@ def quantized_rows(family: str, lora_node: dict) -> dict[str, list[slice]]:
     layers. Phi-3 fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``; each part was its own tune layer
     (its own NF4 tensor), and k_proj without LoRA stays unquantised."""
     targets = hf_lora_targets(lora_node)
-    if family != "phi3":
+    if family not in ("phi3", "phi4"):
         return {name: [slice(None)] for name in targets}
     q, kv = NUM_HEADS * EMBED_DIM // NUM_HEADS, NUM_KV_HEADS * EMBED_DIM // NUM_HEADS
     parts = {"q_proj": ("qkv_proj", slice(0, q)), "k_proj": ("qkv_proj", slice(q, q + kv))}
@@ -366,11 +560,28 @@ def nf4_round_trip(weight: torch.Tensor) -> torch.Tensor:
     return to_nf4(weight.detach(), *nf4_block_sizes(weight.shape)).get_original_weight().to(weight.dtype)
 
 
+@torch.no_grad()
+def nf4_round_trip_experts(model: torch.nn.Module) -> None:
+    """QLoRA's NF4 round trip of every expert weight of a transformers MoE model (qwen3_moe), in place, as tune
+    stores them under QLoRA (adapted or not): gate, up and down each flattened to ``[num_experts * out, in]`` and
+    quantised as one matrix (tune.modules.moe.SwiGLUExperts with quantize_base=True)."""
+    for module in model.modules():
+        stacked = getattr(module, "gate_up_proj", None)
+        if not isinstance(stacked, torch.Tensor) or stacked.dim() != 3:  # not an experts module (Phi-3's is a Linear)
+            continue
+        gate, up = module.gate_up_proj.chunk(2, dim=1)  # [E, 2 * hidden, dim], gate rows first
+        parts = [nf4_round_trip(part.reshape(-1, part.shape[-1])).view(part.shape) for part in (gate, up)]
+        module.gate_up_proj.copy_(torch.cat(parts, dim=1))
+        down = module.down_proj
+        down.copy_(nf4_round_trip(down.reshape(-1, down.shape[-1])).view(down.shape))
+
+
 # Knowledge-distillation configs (knowledge_distillation_single_device): family -> shipped config. At tiny scale
 # the teacher is the family's tiny checkpoint read by the family's full component builder: the shipped teacher's
 # size (and, for llama3_2, its family llama3_1) cannot be kept, only its role (a frozen model, same vocabulary).
 KD_CONFIGS = {
     "qwen2_5": "qwen2_5/1.5_to_0.5B_KD_lora_single_device.yaml",
+    "qwen2": "qwen2/1.5_to_0.5B_KD_lora_single_device.yaml",
     "llama3_2": "llama3_2/8B_to_1B_KD_lora_single_device.yaml",
     "qwen3": "qwen3/1.7_to_0.6B_KD_lora_single_device.yaml",
     "gemma2": "gemma2/9B_to_2B_KD_lora_single_device.yaml",
@@ -390,6 +601,7 @@ DIST_POST_TRAINING_CONFIGS: dict[str, dict[str, str]] = {
         "full_dpo": "qwen2_5/7B_full_dpo.yaml",
         "kd": "qwen2_5/1.5_to_0.5B_KD_lora_distributed.yaml",
     },
+    "qwen2": {"kd": "qwen2/1.5_to_0.5B_KD_lora_distributed.yaml"},
     "qwen3": {
         "lora_dpo": "qwen3/8B_lora_dpo.yaml",
         "full_dpo": "qwen3/8B_full_dpo.yaml",

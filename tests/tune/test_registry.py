@@ -27,7 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 GOOD_PLUGIN = REPO / "tests" / "assets" / "plugins" / "good"
 FAMILIES = [
     "code_llama2",
+    "gemma",
     "gemma2",
+    "gemma3",
     "llama2",
     "llama3",
     "llama3_1",
@@ -35,11 +37,13 @@ FAMILIES = [
     "llama3_3",
     "mistral",
     "phi3",
+    "phi4",
     "qwen2_5",
     "qwen3",
+    "qwen3_moe",
 ]
 # subpackages that alias a family for torchtune's configs (ALIAS_OF), not families of their own
-ALIASES = ["gemma", "qwen2"]
+ALIASES = ["qwen2"]
 
 PROBE = """
 import json, sys
@@ -216,7 +220,7 @@ def test_a_family_registered_at_run_time_is_found_without_importing_any(empty_re
 
 def test_unknown_name_lists_the_families(empty_registry):
     with pytest.raises(
-        ValueError, match=r"Unknown model_type 'llama9'\. Registered model families: code_llama2, gemma2, llama2"
+        ValueError, match=r"Unknown model_type 'llama9'\. Registered model families: code_llama2, gemma, gemma2"
     ):
         get_model_family("llama9")
 

@@ -14,7 +14,8 @@ from tune.modules._feed_forward import FeedForward
 from tune.modules._kv_cache import KVCache
 from tune.modules._layer_dropout import LayerDropout, ModuleLayerDropoutWrapper, ScaleType, prepare_layer_dropout
 from tune.modules._layer_norm import Fp32LayerNorm
-from tune.modules._position_embeddings import Llama3ScaledRoPE, RotaryPositionalEmbeddings
+from tune.modules._long_rope import LongRoPE
+from tune.modules._position_embeddings import LinearScaledRoPE, Llama3ScaledRoPE, RotaryPositionalEmbeddings
 from tune.modules._rms_norm import RMSNorm
 from tune.modules._tanh_gate import TanhGate
 from tune.modules._tied_linear import TiedLinear
@@ -27,7 +28,9 @@ __all__ = [
     "FrozenNF4Linear",
     "KVCache",
     "LayerDropout",
+    "LinearScaledRoPE",
     "Llama3ScaledRoPE",
+    "LongRoPE",
     "ModuleLayerDropoutWrapper",
     "MultiHeadAttention",
     "RMSNorm",

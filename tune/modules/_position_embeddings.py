@@ -109,9 +109,9 @@ class Llama3ScaledRoPE(RotaryPositionalEmbeddings):
         high_freq_factor: float = 4.0,
         old_context_len: int = 8192,
     ) -> None:
-        if high_freq_factor <= low_freq_factor:
+        if high_freq_factor < low_freq_factor:
             raise ValueError(
-                f"high_freq_factor ({high_freq_factor}) must be larger than low_freq_factor ({low_freq_factor})."
+                f"high_freq_factor ({high_freq_factor}) must not be smaller than low_freq_factor ({low_freq_factor})."
             )
         self.scale_factor = scale_factor
         self.low_freq_factor = low_freq_factor
@@ -125,12 +125,41 @@ class Llama3ScaledRoPE(RotaryPositionalEmbeddings):
         low_freq_wavelen = self.old_context_len / self.low_freq_factor
         high_freq_wavelen = self.old_context_len / self.high_freq_factor
         scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / self.scale_factor, inv_freq)
-        smooth = (self.old_context_len / wavelen - self.low_freq_factor) / (
-            self.high_freq_factor - self.low_freq_factor
-        )
+        # equal factors (Llama 4 Scout: 1 and 1) leave no band to interpolate: is_medium is then False throughout
+        band = max(self.high_freq_factor - self.low_freq_factor, 1e-12)
+        smooth = (self.old_context_len / wavelen - self.low_freq_factor) / band
         smoothed = (1 - smooth) * scaled / self.scale_factor + smooth * scaled
         is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
         return torch.where(is_medium, smoothed, scaled)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scale_factor={self.scale_factor}, old_context_len={self.old_context_len}"
+
+
+class LinearScaledRoPE(RotaryPositionalEmbeddings):
+    """RoPE with linear position interpolation: every frequency is divided by ``scale_factor``, so position ``p``
+    is rotated as position ``p / scale_factor`` would be unscaled (Chen et al., 2023,
+    https://arxiv.org/abs/2306.15595; ``rope_type: linear`` in Hugging Face configs, used by Gemma 3's global
+    layers).
+
+    Args:
+        dim (int): rotated features per head.
+        max_seq_len (int): the largest position + 1. Default 4096.
+        base (float): the RoPE theta. Default 10000.
+        scale_factor (float): divisor of every frequency; 1 is plain RoPE. Default 1.
+
+    Raises:
+        ValueError: if ``scale_factor`` is not positive.
+    """
+
+    def __init__(self, dim: int, max_seq_len: int = 4096, base: float = 10_000.0, scale_factor: float = 1.0) -> None:
+        if scale_factor <= 0:
+            raise ValueError(f"scale_factor must be positive, got {scale_factor}.")
+        self.scale_factor = scale_factor
+        super().__init__(dim, max_seq_len, base)
+
+    def inverse_frequencies(self) -> torch.Tensor:
+        return super().inverse_frequencies() / self.scale_factor
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale_factor={self.scale_factor}"

@@ -62,6 +62,24 @@ def mistral_config():
     )
 
 
+def mistral_nemo_config():
+    from transformers import MistralConfig
+
+    # Mistral NeMo: head_dim 14 != hidden_size / heads (60 / 6 = 10), as 128 != 5120 / 32; no window, theta 1e6
+    return MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=60,
+        intermediate_size=94,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=14,
+        max_position_embeddings=64,
+        sliding_window=None,
+        rope_theta=1_000_000.0,
+    )
+
+
 def qwen2_config():
     from transformers import Qwen2Config
 
@@ -96,6 +114,24 @@ def qwen3_config():
     )
 
 
+def gemma_config():
+    from transformers import GemmaConfig
+
+    # head_dim 14 != hidden_size / heads (60 / 4 = 15), as at Gemma 7B (256 != 3072 / 16)
+    return GemmaConfig(
+        vocab_size=VOCAB,
+        hidden_size=60,
+        intermediate_size=94,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=14,
+        max_position_embeddings=64,
+        rope_theta=10_000.0,
+        hidden_act="gelu_pytorch_tanh",
+    )
+
+
 def gemma2_config():
     from transformers import Gemma2Config
 
@@ -112,6 +148,29 @@ def gemma2_config():
         query_pre_attn_scalar=20,
         attn_logit_softcapping=3.0,
         final_logit_softcapping=4.0,
+    )
+
+
+def gemma3_config():
+    from transformers import Gemma3TextConfig
+
+    # 7 layers: the 6th is global, the others local (window 5 < 12 tokens); global RoPE linearly scaled, its theta
+    # and the local one away from the defaults so that a swap of the two tables changes the logits
+    return Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=60,
+        intermediate_size=94,
+        num_hidden_layers=7,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=14,
+        max_position_embeddings=64,
+        sliding_window=5,
+        query_pre_attn_scalar=20,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 5_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+        },
     )
 
 
@@ -139,9 +198,12 @@ CASES = {
     "llama3_1": llama3_1_config,
     "llama3_2": llama3_2_config,
     "mistral": mistral_config,
+    "mistral_nemo": mistral_nemo_config,
     "qwen2_5": qwen2_config,
     "qwen3": qwen3_config,
+    "gemma": gemma_config,
     "gemma2": gemma2_config,
+    "gemma3": gemma3_config,
     "phi3": phi3_config,
 }
 
@@ -154,7 +216,7 @@ def build_hf_model(config, seed: int = 0):
     config._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     # Gemma's RMSNorm scales by (1 + weight), so its neutral weight is 0, not 1
-    norm_center = 0.0 if config.model_type == "gemma2" else 1.0
+    norm_center = 0.0 if config.model_type in ("gemma", "gemma2", "gemma3_text") else 1.0
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:

@@ -8,7 +8,9 @@ from tune.registry import family_for_hf_model_type, get_model_family, list_model
 
 FAMILIES = [
     "code_llama2",
+    "gemma",
     "gemma2",
+    "gemma3",
     "llama2",
     "llama3",
     "llama3_1",
@@ -16,8 +18,10 @@ FAMILIES = [
     "llama3_3",
     "mistral",
     "phi3",
+    "phi4",
     "qwen2_5",
     "qwen3",
+    "qwen3_moe",
 ]
 
 
@@ -42,8 +46,11 @@ def test_all_families_registered_with_converters():
         ("QWEN2", "qwen2_5"),
         ("QWEN2_5", "qwen2_5"),
         ("QWEN3", "qwen3"),
+        ("GEMMA", "gemma"),
         ("GEMMA2", "gemma2"),
+        ("GEMMA3", "gemma3"),
         ("PHI3_MINI", "phi3"),
+        ("PHI4", "phi4"),
     ],
 )
 def test_torchtune_model_type_names_resolve(torchtune_model_type, family):
@@ -57,7 +64,11 @@ def test_torchtune_model_type_names_resolve(torchtune_model_type, family):
         ("mistral", "mistral"),
         ("qwen2", "qwen2_5"),
         ("qwen3", "qwen3"),
+        ("qwen3_moe", "qwen3_moe"),
+        ("gemma", "gemma"),
         ("gemma2", "gemma2"),
+        ("gemma3_text", "gemma3"),
+        ("gemma3", "gemma3"),
         ("phi3", "phi3"),
     ],
 )

@@ -16,7 +16,7 @@ import tune.models
 from tune.config import validate_config
 from tune.models._common import ModelSize
 from tune.models._family import family_builders
-from tune.modules import Llama3ScaledRoPE, RMSNorm, TiedLinear, TransformerDecoder
+from tune.modules import LinearScaledRoPE, Llama3ScaledRoPE, RMSNorm, TiedLinear, TransformerDecoder
 from tune.registry import get_model_family
 
 transformers = pytest.importorskip("transformers")
@@ -105,10 +105,37 @@ PUBLISHED = {
         model_type="mistral", vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=32768, rms_norm_eps=1e-5,
         rope_theta=10000.0, sliding_window=4096, tie_word_embeddings=False),
+    "mistralai/Mistral-7B-Instruct-v0.3": dict(
+        model_type="mistral", vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=32768, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False),
+    "mistralai/Mistral-Nemo-Instruct-2407": dict(
+        model_type="mistral", vocab_size=131072, hidden_size=5120, intermediate_size=14336, num_hidden_layers=40,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=1024000,
+        rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False),
     "microsoft/Phi-3-mini-4k-instruct": dict(
         model_type="phi3", vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
         rope_theta=10000.0, rope_scaling=None, sliding_window=2047, tie_word_embeddings=False, pad_token_id=32000),
+    # rope_scaling (longrope, 48 + 48 factors) left out: tune's table does not carry the factors (read from the
+    # checkpoint's config.json); sliding_window (262144, past every position) left out: tune builds no window
+    "microsoft/Phi-3-mini-128k-instruct": dict(
+        model_type="phi3", vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=False),
+    "microsoft/phi-4": dict(
+        model_type="phi3", vocab_size=100352, hidden_size=5120, intermediate_size=17920, num_hidden_layers=40,
+        num_attention_heads=40, num_key_value_heads=10, max_position_embeddings=16384, rms_norm_eps=1e-5,
+        rope_theta=250000.0, rope_scaling=None, tie_word_embeddings=False),
+    # hidden_act "gelu" (transformers reads it as the tanh approximation); tie_word_embeddings unset (tied)
+    "google/gemma-2b": dict(
+        model_type="gemma", vocab_size=256000, hidden_size=2048, intermediate_size=16384, num_hidden_layers=18,
+        num_attention_heads=8, num_key_value_heads=1, head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
+        rope_theta=10000.0),
+    "google/gemma-7b": dict(
+        model_type="gemma", vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=16, head_dim=256, max_position_embeddings=8192,
+        rms_norm_eps=1e-6, rope_theta=10000.0),
     "google/gemma-2-2b-it": dict(
         model_type="gemma2", vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
         num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
@@ -124,6 +151,35 @@ PUBLISHED = {
         num_attention_heads=32, num_key_value_heads=16, head_dim=128, max_position_embeddings=8192,
         rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096, attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0, query_pre_attn_scalar=144),
+    # Gemma 3: 270M and 1B are text-only (model_type gemma3_text); for 4B, 12B and 27B (multimodal, model_type
+    # gemma3) the row is the config.json's text_config with Gemma3TextConfig's defaults for the keys it leaves out
+    # (vocab_size 262208, rope_theta 1e6, rope_local_base_freq 1e4, ...). Every 6th layer is global.
+    "google/gemma-3-270m": dict(
+        model_type="gemma3_text", vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=None,
+        sliding_window=512, query_pre_attn_scalar=256, attn_logit_softcapping=None, final_logit_softcapping=None,
+        tie_word_embeddings=True),
+    "google/gemma-3-1b-it": dict(
+        model_type="gemma3_text", vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=None,
+        sliding_window=512, query_pre_attn_scalar=256, attn_logit_softcapping=None, final_logit_softcapping=None),
+    "google/gemma-3-4b-it": dict(
+        model_type="gemma3_text", vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=131072,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rope_scaling=dict(rope_type="linear", factor=8.0), sliding_window=1024, query_pre_attn_scalar=256),
+    "google/gemma-3-12b-it": dict(
+        model_type="gemma3_text", vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, max_position_embeddings=131072,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rope_scaling=dict(rope_type="linear", factor=8.0), sliding_window=1024, query_pre_attn_scalar=256),
+    "google/gemma-3-27b-it": dict(
+        model_type="gemma3_text", vocab_size=262208, hidden_size=5376, intermediate_size=21504, num_hidden_layers=62,
+        num_attention_heads=32, num_key_value_heads=16, head_dim=128, max_position_embeddings=131072,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rope_scaling=dict(rope_type="linear", factor=8.0), sliding_window=1024, query_pre_attn_scalar=168),
     "Qwen/Qwen2-0.5B-Instruct": dict(
         model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
@@ -228,6 +284,16 @@ PUBLISHED = {
         model_type="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
         num_attention_heads=64, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
         rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False),
+    "Qwen/Qwen3-30B-A3B": dict(
+        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False,
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True),
+    "Qwen/Qwen3-235B-A22B": dict(
+        model_type="qwen3_moe", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=94,
+        num_attention_heads=64, num_key_value_heads=4, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False,
+        moe_intermediate_size=1536, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True),
 }
 # fmt: on
 
@@ -243,11 +309,16 @@ HYPERPARAMETERS = (
     "max_position_embeddings",
     "rms_norm_eps",
     "rope_theta",
+    "rope_local_base_freq",
     "rope_scaling",
     "tie_word_embeddings",
     "attn_logit_softcapping",
     "final_logit_softcapping",
     "query_pre_attn_scalar",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "norm_topk_prob",
 )
 # the keys that decide the parameter count of a transformers model
 SHAPE_KEYS = (
@@ -260,6 +331,8 @@ SHAPE_KEYS = (
     "head_dim",
     "tie_word_embeddings",
     "pad_token_id",
+    "moe_intermediate_size",
+    "num_experts",
 )
 
 
@@ -271,8 +344,15 @@ def _one(values: list, what: str):
 def _read_hyperparameters(model: TransformerDecoder) -> dict:
     """The built model's hyperparameters under their config.json names, each checked to be the same everywhere."""
     attns = [layer.attn for layer in model.layers]
-    rope = _one([attn.pos_embeddings for attn in attns], "the RoPE module")  # one module shared by every layer
+    # one module shared by every layer; Gemma 3's local (sliding-window) layers share one of their own
+    global_attns = [attn for attn in attns if attn.sliding_window is None] or attns
+    rope = _one([attn.pos_embeddings for attn in global_attns], "the RoPE module")
+    local_rope = _one(
+        [attn.pos_embeddings for attn in attns if attn.sliding_window is not None] or [rope], "local RoPE"
+    )
     rope_scaling = None
+    if isinstance(rope, LinearScaledRoPE):
+        rope_scaling = dict(rope_type="linear", factor=rope.scale_factor)
     if isinstance(rope, Llama3ScaledRoPE):
         rope_scaling = dict(
             rope_type="llama3",
@@ -281,11 +361,14 @@ def _read_hyperparameters(model: TransformerDecoder) -> dict:
             high_freq_factor=rope.high_freq_factor,
             original_max_position_embeddings=rope.old_context_len,
         )
-    max_seq_lens = [model.max_seq_len, rope.max_seq_len] + [attn.max_seq_len for attn in attns]
+    # sparse (MoE) layers have no dense feed-forward; an all-sparse model has no intermediate_size to read back
+    dense = [layer.mlp.w1.out_features for layer in model.layers if hasattr(layer.mlp, "w1")]
+    moes = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "experts")]
+    max_seq_lens = [model.max_seq_len, rope.max_seq_len, local_rope.max_seq_len] + [attn.max_seq_len for attn in attns]
     return dict(
         vocab_size=model.tok_embeddings.num_embeddings,
         hidden_size=model.tok_embeddings.embedding_dim,
-        intermediate_size=_one([layer.mlp.w1.out_features for layer in model.layers], "intermediate size"),
+        intermediate_size=_one(dense, "intermediate size") if dense else None,
         num_hidden_layers=len(model.layers),
         num_attention_heads=_one([attn.num_heads for attn in attns], "num_heads"),
         num_key_value_heads=_one([attn.num_kv_heads for attn in attns], "num_kv_heads"),
@@ -293,11 +376,16 @@ def _read_hyperparameters(model: TransformerDecoder) -> dict:
         max_position_embeddings=_one(max_seq_lens, "max_seq_len"),
         rms_norm_eps=_one([m.eps for m in model.modules() if isinstance(m, RMSNorm)], "RMSNorm eps"),
         rope_theta=rope.base,
+        rope_local_base_freq=local_rope.base,
         rope_scaling=rope_scaling,
         tie_word_embeddings=isinstance(model.output, TiedLinear),
         attn_logit_softcapping=_one([attn.softcapping for attn in attns], "attention softcapping"),
         final_logit_softcapping=getattr(model.output, "softcapping", None),
         query_pre_attn_scalar=_one([attn.scale**-2 for attn in attns], "attention scale"),
+        moe_intermediate_size=_one([m.experts.hidden_dim for m in moes], "expert width") if moes else None,
+        num_experts=_one([m.experts.num_experts for m in moes], "num_experts") if moes else None,
+        num_experts_per_tok=_one([m.router.experts_per_token for m in moes], "experts per token") if moes else None,
+        norm_topk_prob=_one([m.router.norm_topk_prob for m in moes], "norm_topk_prob") if moes else None,
     )
 
 
@@ -308,7 +396,9 @@ def _published_sliding_windows(published: dict) -> list[int | None]:
         return [window] * num_layers
     if published["model_type"] == "gemma2":  # local and global layers alternate, local first
         return [window if i % 2 == 0 else None for i in range(num_layers)]
-    if published["model_type"] in ("qwen2", "qwen3"):
+    if published["model_type"] == "gemma3_text":  # five local layers, then a global one (layer_types)
+        return [None if (i + 1) % 6 == 0 else window for i in range(num_layers)]
+    if published["model_type"] in ("qwen2", "qwen3", "qwen3_moe"):
         assert published["use_sliding_window"] is False  # a window would apply from max_window_layers on
     return [None] * num_layers
 
@@ -387,6 +477,8 @@ def test_named_size_has_the_published_hyperparameters(name):
     model = _build(name)
     ours = _read_hyperparameters(model)
     compared = [key for key in HYPERPARAMETERS if key in published]
+    if ours["intermediate_size"] is None:  # every layer sparse: the dense width is unused (and unreadable)
+        compared.remove("intermediate_size")
     mismatched = {key: (ours[key], published[key]) for key in compared if not _same(ours[key], published[key])}
     assert not mismatched, f"{name}: (ours, published) {mismatched}"
     windows = [layer.attn.sliding_window for layer in model.layers]
@@ -441,9 +533,11 @@ def test_named_lora_builder_adds_exactly_the_adapters(name):
     lora = _build(name, "lora_", ["q_proj", "v_proj"], apply_lora_to_mlp=True, lora_rank=rank)
     attn = base.layers[0].attn
     q_out, kv_out = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-    embed_dim, hidden = attn.embed_dim, base.layers[0].mlp.w1.out_features
-    per_layer = rank * (embed_dim + q_out) + rank * (embed_dim + kv_out) + 3 * rank * (embed_dim + hidden)
-    assert _count(lora) == _count(base) + len(base.layers) * per_layer
+    embed_dim = attn.embed_dim
+    per_layer = rank * (embed_dim + q_out) + rank * (embed_dim + kv_out)
+    # apply_lora_to_mlp adapts the dense feed-forward layers (a sparse MoE layer's experts are left alone)
+    mlp = [3 * rank * (embed_dim + layer.mlp.w1.out_features) for layer in base.layers if hasattr(layer.mlp, "w1")]
+    assert _count(lora) == _count(base) + len(base.layers) * per_layer + sum(mlp)
 
 
 def test_qlora_builder_is_validated_against_its_signature():

@@ -1,29 +1,48 @@
-"""``tune.models.gemma``: the names torchtune's Gemma 2 configs take from torchtune's ``gemma`` package.
+"""Gemma (the first generation: 2B and 7B): builders, tokenizer, Hugging Face weight conversion, and the family's
+declaration. The tokenizer is shared with Gemma 2 (``tune.models.gemma2`` uses :class:`GemmaTokenizer`)."""
 
-torchtune 0.6.1's ``gemma2/*.yaml`` configs build their tokenizer with ``torchtune.models.gemma.gemma_tokenizer``
-(Gemma 1 and Gemma 2 share one SentencePiece tokenizer). tune ships Gemma 2 only, so this package is not a model
-family: it declares ``ALIAS_OF = "gemma2"`` instead of a ``FAMILY``, the registry skips it, and each name is
-looked up in :mod:`tune.models.gemma2` on first access (importing this package imports nothing). Gemma 1 model
-builders (``gemma_2b``, ``lora_gemma_7b``, ...) are not provided; ``docs/migrating.md`` lists the difference.
-"""
+from tune.models._family import family_builders
+from tune.models.gemma import _component_builders, _model_builders
+from tune.models.gemma._component_builders import gemma, lora_gemma
+from tune.models.gemma._convert_weights import gemma_from_hf_config, gemma_hf_to_tune, gemma_tune_to_hf
+from tune.models.gemma._model_builders import (
+    gemma_2b,
+    gemma_7b,
+    lora_gemma_2b,
+    lora_gemma_7b,
+    qlora_gemma_2b,
+    qlora_gemma_7b,
+)
+from tune.models.gemma._tokenizer import GemmaTokenizer, gemma_tokenizer
+from tune.registry import ModelFamily, TorchtuneLayout
 
-import importlib
+FAMILY = ModelFamily(
+    name="gemma",
+    tokenizer=gemma_tokenizer,
+    builders=family_builders(_component_builders, _model_builders),
+    hf_to_tune=gemma_hf_to_tune,
+    tune_to_hf=gemma_tune_to_hf,
+    hf_model_types=("gemma",),
+    from_hf_config=gemma_from_hf_config,
+    aliases=(),
+    # torchtune's Gemma rotates interleaved pairs (its converter permutes q/k as for Llama); its module names are
+    # tune's (the final norm is `norm`, not wrapped as in its Gemma 2)
+    torchtune_layout=TorchtuneLayout(interleaved_rope=True),
+    sizes=_model_builders.MODEL_SIZES,
+)
 
-# the family this package forwards to; read by tune.registry, which registers no family for an alias package
-ALIAS_OF = "gemma2"
-
-__all__ = ["GemmaTokenizer", "gemma_tokenizer"]
-
-
-def __getattr__(name: str):
-    # PEP 562: resolved lazily, so a broken gemma2 family is reported once, by the registry, under its own name
-    if name in __all__:
-        return getattr(importlib.import_module("tune.models.gemma2"), name)
-    raise AttributeError(
-        f"module {__name__!r} has no attribute {name!r}: tune ships Gemma 2 only, and tune.models.gemma holds just "
-        f"the tokenizer torchtune's Gemma 2 configs name ({', '.join(__all__)}); use tune.models.gemma2 instead"
-    )
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__all__ = [
+    "GemmaTokenizer",
+    "gemma",
+    "gemma_2b",
+    "gemma_7b",
+    "gemma_from_hf_config",
+    "gemma_hf_to_tune",
+    "gemma_tokenizer",
+    "gemma_tune_to_hf",
+    "lora_gemma",
+    "lora_gemma_2b",
+    "lora_gemma_7b",
+    "qlora_gemma_2b",
+    "qlora_gemma_7b",
+]

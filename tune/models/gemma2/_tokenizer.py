@@ -1,48 +1,7 @@
-"""Gemma / Gemma 2 tokenizer: SentencePiece ``tokenizer.model`` with the ``<start_of_turn>`` chat format."""
+"""Gemma 2 tokenizer: Gemma's (``tune.models.gemma.GemmaTokenizer``: one SentencePiece model and chat format)."""
 
-from tune.data._chat_formats import Gemma2ChatFormat
-from tune.data._tokenizers import ChatTokenizer, PromptTemplate, SentencePieceBaseTokenizer
-
-
-class GemmaTokenizer(ChatTokenizer):
-    """The Gemma tokenizer (torchtune's class; :func:`gemma2_tokenizer` returns one), with the chat format of
-    ``google/gemma-2-2b-it``.
-
-    A system message is folded into the first user turn (followed by a blank line) as Gemma 3's template does;
-    Gemma 2's own template rejects system messages.
-
-    Args:
-        path (str): ``tokenizer.model`` (SentencePiece) of a Gemma or Gemma 2 checkpoint.
-        max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
-
-    Raises:
-        FileNotFoundError: if ``path`` does not exist.
-        ValueError: if the model lacks ``<start_of_turn>``/``<end_of_turn>``.
-    """
-
-    def __init__(
-        self, path: str, max_seq_len: int | None = None, prompt_template: "PromptTemplate | str | None" = None
-    ) -> None:
-        sp = SentencePieceBaseTokenizer(path)
-        end_of_turn = sp.token_id("<end_of_turn>")
-        super().__init__(
-            sp,
-            Gemma2ChatFormat(bos_token="<bos>"),
-            bos_id=sp.bos_id,
-            eos_id=sp.eos_id,
-            pad_id=sp.pad_id,
-            stop_tokens=[sp.eos_id, end_of_turn],
-            special_tokens={
-                "<bos>": sp.bos_id,
-                "<eos>": sp.eos_id,
-                "<pad>": sp.pad_id,
-                "<start_of_turn>": sp.token_id("<start_of_turn>"),
-                "<end_of_turn>": end_of_turn,
-            },
-            max_seq_len=max_seq_len,
-            prompt_template=prompt_template,
-        )
+from tune.data._tokenizers import PromptTemplate
+from tune.models.gemma import GemmaTokenizer
 
 
 def gemma2_tokenizer(

@@ -7,13 +7,20 @@ from tune.models.mistral._component_builders import lora_mistral, lora_mistral_c
 from tune.models.mistral._convert_weights import mistral_from_hf_config, mistral_hf_to_tune, mistral_tune_to_hf
 from tune.models.mistral._model_builders import (
     lora_mistral_7b,
+    lora_mistral_7b_v0_3,
+    lora_mistral_nemo_12b,
     lora_mistral_reward_7b,
     mistral_7b,
+    mistral_7b_v0_3,
+    mistral_nemo_12b,
     mistral_reward_7b,
     qlora_mistral_7b,
+    qlora_mistral_7b_v0_3,
+    qlora_mistral_nemo_12b,
     qlora_mistral_reward_7b,
 )
 from tune.models.mistral._prompt_template import MistralChatTemplate
+from tune.models.mistral._tekken import MistralNemoChatFormat, mistral_nemo_tokenizer
 from tune.models.mistral._tokenizer import MistralTokenizer, mistral_tokenizer
 from tune.registry import ModelFamily, TorchtuneLayout
 
@@ -48,4 +55,12 @@ __all__ = [
     "mistral_tokenizer",
     "mistral_tune_to_hf",
     "qlora_mistral_7b",
+    "mistral_7b_v0_3",
+    "lora_mistral_7b_v0_3",
+    "qlora_mistral_7b_v0_3",
+    "mistral_nemo_12b",
+    "lora_mistral_nemo_12b",
+    "qlora_mistral_nemo_12b",
+    "MistralNemoChatFormat",
+    "mistral_nemo_tokenizer",
 ]

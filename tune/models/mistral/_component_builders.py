@@ -18,6 +18,7 @@ def mistral(
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
     sliding_window: int | None = None,
+    head_dim: int | None = None,
 ) -> TransformerDecoder:
     """A Mistral decoder (Jiang et al., 2023, https://arxiv.org/abs/2310.06825).
 
@@ -34,6 +35,8 @@ def mistral(
         rope_base (float): RoPE theta. Default 10000.
         sliding_window (int | None): every layer attends at most this many tokens back (4096 in Mistral 7B
             v0.1); None for full attention. Default None.
+        head_dim (int | None): features per head; None: embed_dim // num_heads (Mistral 7B). Mistral NeMo sets
+            128 where that gives 160. Default None.
 
     Returns:
         TransformerDecoder: the model, randomly initialised.
@@ -50,6 +53,7 @@ def mistral(
         norm_eps=norm_eps,
         rope_base=rope_base,
         sliding_windows=[sliding_window] * num_layers,
+        head_dim=head_dim,
     )
 
 
@@ -69,6 +73,7 @@ def lora_mistral(
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
     sliding_window: int | None = None,
+    head_dim: int | None = None,
     lora_rank: int = 8,
     lora_alpha: float = 16.0,
     lora_dropout: float = 0.0,
@@ -83,7 +88,7 @@ def lora_mistral(
         apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
         apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
         vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, intermediate_dim, max_seq_len, attn_dropout,
-            norm_eps, rope_base, sliding_window: as in :func:`mistral`.
+            norm_eps, rope_base, sliding_window, head_dim: as in :func:`mistral`.
         lora_rank (int): adapter rank. Default 8.
         lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
         lora_dropout (float): dropout on the adapter input. Default 0.0.
@@ -108,6 +113,7 @@ def lora_mistral(
         norm_eps=norm_eps,
         rope_base=rope_base,
         sliding_windows=[sliding_window] * num_layers,
+        head_dim=head_dim,
         lora=lora_spec(
             lora_attn_modules,
             apply_lora_to_mlp,

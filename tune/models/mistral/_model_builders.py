@@ -23,6 +23,14 @@ MODEL_SIZES: dict[str, ModelSize] = {
     "mistral_7b": ModelSize("mistralai/Mistral-7B-v0.1", dict(
         vocab_size=32000, num_layers=32, num_heads=32, num_kv_heads=8, embed_dim=4096, intermediate_dim=14336,
         max_seq_len=32768, norm_eps=1e-5, rope_base=10_000.0, sliding_window=4096)),
+    # v0.3: the v0.1 shape with a 32768-token vocabulary, RoPE theta 1e6 and no sliding window
+    "mistral_7b_v0_3": ModelSize("mistralai/Mistral-7B-Instruct-v0.3", dict(
+        vocab_size=32768, num_layers=32, num_heads=32, num_kv_heads=8, embed_dim=4096, intermediate_dim=14336,
+        max_seq_len=32768, norm_eps=1e-5, rope_base=1_000_000.0, sliding_window=None)),
+    # Mistral NeMo 12B (with NVIDIA): head_dim 128, not 5120 / 32
+    "mistral_nemo_12b": ModelSize("mistralai/Mistral-Nemo-Instruct-2407", dict(
+        vocab_size=131072, num_layers=40, num_heads=32, num_kv_heads=8, embed_dim=5120, intermediate_dim=14336,
+        max_seq_len=1024000, norm_eps=1e-5, rope_base=1_000_000.0, sliding_window=None, head_dim=128)),
 }
 # fmt: on
 
@@ -52,6 +60,60 @@ def lora_mistral_7b(
 
 
 qlora_mistral_7b = qlora_builder(lora_mistral_7b)
+
+
+def mistral_7b_v0_3() -> TransformerDecoder:
+    """Mistral 7B v0.3, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return mistral(**MODEL_SIZES["mistral_7b_v0_3"].dims)
+
+
+def lora_mistral_7b_v0_3(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+) -> TransformerDecoder:
+    """Mistral 7B v0.3 with fresh LoRA adapters (:func:`lora_mistral` at this size).
+
+    Args:
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_mistral`.
+    """
+    return lora_mistral(**locals(), **MODEL_SIZES["mistral_7b_v0_3"].dims)
+
+
+qlora_mistral_7b_v0_3 = qlora_builder(lora_mistral_7b_v0_3)
+
+
+def mistral_nemo_12b() -> TransformerDecoder:
+    """Mistral NeMo 12B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
+    return mistral(**MODEL_SIZES["mistral_nemo_12b"].dims)
+
+
+def lora_mistral_nemo_12b(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+) -> TransformerDecoder:
+    """Mistral NeMo 12B with fresh LoRA adapters (:func:`lora_mistral` at this size).
+
+    Args:
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_mistral`.
+    """
+    return lora_mistral(**locals(), **MODEL_SIZES["mistral_nemo_12b"].dims)
+
+
+qlora_mistral_nemo_12b = qlora_builder(lora_mistral_nemo_12b)
 
 
 def _reward_7b_dims() -> dict:

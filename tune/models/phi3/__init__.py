@@ -8,11 +8,19 @@ from tune.models.phi3._convert_weights import (
     phi3_from_hf_config,
     phi3_hf_to_tune,
     phi3_hf_to_tune_from_config,
+    phi3_long_rope_settings,
     phi3_peft_to_adapter,
     phi3_tune_to_hf,
     phi3_tune_to_hf_from_config,
 )
-from tune.models.phi3._model_builders import lora_phi3_mini, phi3_mini, qlora_phi3_mini
+from tune.models.phi3._model_builders import (
+    lora_phi3_mini,
+    lora_phi3_mini_128k,
+    phi3_mini,
+    phi3_mini_128k,
+    qlora_phi3_mini,
+    qlora_phi3_mini_128k,
+)
 from tune.models.phi3._tokenizer import Phi3MiniTokenizer, phi3_mini_tokenizer
 from tune.modules import RotaryPositionalEmbeddings
 from tune.registry import AdapterConverter, ModelFamily, TorchtuneLayout
@@ -42,14 +50,18 @@ __all__ = [
     "lora_phi3",
     "phi3_adapter_to_peft",
     "lora_phi3_mini",
+    "lora_phi3_mini_128k",
     "phi3",
     "phi3_from_hf_config",
     "phi3_hf_to_tune",
     "phi3_hf_to_tune_from_config",
+    "phi3_long_rope_settings",
     "phi3_mini",
+    "phi3_mini_128k",
     "phi3_mini_tokenizer",
     "phi3_peft_to_adapter",
     "phi3_tune_to_hf",
     "phi3_tune_to_hf_from_config",
     "qlora_phi3_mini",
+    "qlora_phi3_mini_128k",
 ]

@@ -1,9 +1,34 @@
 """Phi-3 component builders: the architecture as a function of its dimensions."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tune.models._common import build_decoder, lora_spec
-from tune.modules import TransformerDecoder
+from tune.modules import LongRoPE, TransformerDecoder
+
+
+def _use_long_rope(
+    model: TransformerDecoder, rope_scaling: Mapping[str, Any] | None, rope_base: float
+) -> TransformerDecoder:
+    """Gives every layer one shared :class:`~tune.modules.LongRoPE` built from ``rope_scaling`` (none: as built)."""
+    if rope_scaling is None:
+        return model
+    known = {"short_factor", "long_factor", "original_max_seq_len", "scale_factor", "attention_factor"}
+    unknown = sorted(set(rope_scaling) - known)
+    if unknown or "original_max_seq_len" not in rope_scaling:
+        raise ValueError(
+            f"rope_scaling takes LongRoPE's arguments {sorted(known)} (original_max_seq_len required); got "
+            f"{sorted(rope_scaling)}."
+        )
+    attn = model.layers[0].attn
+    num_pairs = attn.head_dim // 2
+    kwargs = dict(rope_scaling)
+    for name in ("short_factor", "long_factor"):
+        kwargs[name] = kwargs.get(name) or [1.0] * num_pairs  # no rescaling unless given
+    rope = LongRoPE(attn.head_dim, max_seq_len=model.max_seq_len, base=rope_base, **kwargs)
+    for layer in model.layers:
+        layer.attn.pos_embeddings = rope
+    return model
 
 
 def phi3(
@@ -18,6 +43,7 @@ def phi3(
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
     sliding_window: int | None = None,
+    rope_scaling: Mapping[str, Any] | None = None,
 ) -> TransformerDecoder:
     """A Phi-3 decoder (Abdin et al., 2024, https://arxiv.org/abs/2404.14219).
 
@@ -34,11 +60,18 @@ def phi3(
         rope_base (float): RoPE theta. Default 10000.
         sliding_window (int | None): every layer attends at most this many tokens back (2047 in Phi-3-mini-4k);
             None for full attention. Default None.
+        rope_scaling (Mapping[str, Any] | None): LongRoPE (the 128k-context Phi-3 models) instead of plain RoPE:
+            keyword arguments of :class:`~tune.modules.LongRoPE` besides dim/max_seq_len/base, i.e.
+            ``original_max_seq_len`` (required), ``short_factor`` and ``long_factor`` (``head_dim // 2`` values
+            each; default 1.0 each, no rescaling), ``scale_factor``, ``attention_factor``. Default None.
 
     Returns:
         TransformerDecoder: the model, randomly initialised.
+
+    Raises:
+        ValueError: for unknown ``rope_scaling`` keys or factor lists of the wrong length.
     """
-    return build_decoder(
+    model = build_decoder(
         vocab_size=vocab_size,
         num_layers=num_layers,
         num_heads=num_heads,
@@ -51,6 +84,7 @@ def phi3(
         rope_base=rope_base,
         sliding_windows=[sliding_window] * num_layers,
     )
+    return _use_long_rope(model, rope_scaling, rope_base)
 
 
 def lora_phi3(
@@ -69,6 +103,7 @@ def lora_phi3(
     norm_eps: float = 1e-5,
     rope_base: float = 10_000.0,
     sliding_window: int | None = None,
+    rope_scaling: Mapping[str, Any] | None = None,
     lora_rank: int = 8,
     lora_alpha: float = 16.0,
     lora_dropout: float = 0.0,
@@ -83,7 +118,7 @@ def lora_phi3(
         apply_lora_to_mlp (bool): adapt the feed-forward projections too. Default False.
         apply_lora_to_output (bool): adapt the output projection (untied models only). Default False.
         vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, intermediate_dim, max_seq_len, attn_dropout,
-            norm_eps, rope_base, sliding_window: as in :func:`phi3`.
+            norm_eps, rope_base, sliding_window, rope_scaling: as in :func:`phi3`.
         lora_rank (int): adapter rank. Default 8.
         lora_alpha (float): adapter scale numerator (scale = alpha / rank). Default 16.
         lora_dropout (float): dropout on the adapter input. Default 0.0.
@@ -94,9 +129,10 @@ def lora_phi3(
         TransformerDecoder: the model; only adapter parameters are meant to be trained.
 
     Raises:
-        ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on a tied output.
+        ValueError: for an unknown module in ``lora_attn_modules``, LoRA on a tied output, or a bad
+            ``rope_scaling``.
     """
-    return build_decoder(
+    model = build_decoder(
         vocab_size=vocab_size,
         num_layers=num_layers,
         num_heads=num_heads,
@@ -119,3 +155,4 @@ def lora_phi3(
             quantize_base,
         ),
     )
+    return _use_long_rope(model, rope_scaling, rope_base)

@@ -6,8 +6,10 @@ them separate (``q_proj``/``k_proj``/``v_proj``, ``w1``/``w3``) so LoRA can targ
 re-fuses along the output dimension.
 """
 
+import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,9 +18,10 @@ from tune.models._common import build_decoder, lora_spec
 from tune.models._hf import (
     convert_hf_to_tune,
     convert_tune_to_hf,
+    hf_rope_settings,
     hf_sliding_windows,
-    require_unscaled_rope,
 )
+from tune.models.phi3._component_builders import _use_long_rope
 from tune.modules import TransformerDecoder
 
 _QKV = re.compile(r"model\.layers\.(\d+)\.self_attn\.qkv_proj\.weight")
@@ -122,25 +125,92 @@ def phi3_tune_to_hf_from_config(state_dict: Mapping[str, Any], hf_config: Mappin
     return phi3_tune_to_hf(state_dict)
 
 
+def phi3_long_rope_settings(hf_config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """RoPE theta and, for ``longrope`` scaling, the ``rope_scaling`` argument of :func:`phi3` from a
+    ``config.json`` dict (transformers 4's ``rope_scaling`` or 5's ``rope_parameters``).
+
+    ``scale_factor`` is the config's ``factor`` when given, else ``max_position_embeddings /
+    original_max_position_embeddings``, and ``attention_factor`` is passed on when the config sets it: the values
+    transformers uses.
+
+    Returns:
+        tuple[float, dict[str, Any] | None]: theta, and the LongRoPE arguments (None for unscaled RoPE).
+
+    Raises:
+        ValueError: for another scaling type, or a longrope entry without its factor lists.
+    """
+    theta, scaling = hf_rope_settings(hf_config)
+    if scaling is None:
+        return theta, None
+    if scaling["rope_type"] not in ("longrope", "su"):  # "su": the name of the first 128k releases
+        raise ValueError(
+            f"phi3: RoPE scaling {scaling['rope_type']!r} in config.json is not supported; supported: default "
+            "(no rope_scaling) and longrope."
+        )
+    missing = [key for key in ("short_factor", "long_factor") if not scaling.get(key)]
+    original = scaling.get("original_max_position_embeddings") or hf_config.get("original_max_position_embeddings")
+    if original is None:
+        missing.append("original_max_position_embeddings")
+    if missing:
+        raise ValueError(f"config.json's longrope rope_scaling lacks {missing}.")
+    max_positions = hf_config.get("max_position_embeddings", original)
+    long_rope = {
+        "short_factor": [float(f) for f in scaling["short_factor"]],
+        "long_factor": [float(f) for f in scaling["long_factor"]],
+        "original_max_seq_len": int(original),
+        "scale_factor": float(scaling.get("factor") or max_positions / original),
+    }
+    if scaling.get("attention_factor") is not None:
+        long_rope["attention_factor"] = float(scaling["attention_factor"])
+    return theta, long_rope
+
+
+def read_long_rope_factors(path: str | Path) -> dict[str, Any]:
+    """The LongRoPE arguments of a Phi-3 ``config.json`` (a file, or the checkpoint directory holding it).
+
+    Raises:
+        FileNotFoundError: if there is no such file.
+        ValueError: if the file is not JSON or its RoPE is not longrope.
+    """
+    file = Path(path).expanduser()
+    if file.is_dir():
+        file = file / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"No config.json at {str(path)!r}: pass the config.json of the Phi-3 128k checkpoint (or its directory), "
+            "e.g. from `tune download microsoft/Phi-3-mini-128k-instruct`."
+        )
+    try:
+        hf_config = json.loads(file.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{file} is not valid JSON ({error}).") from None
+    _, long_rope = phi3_long_rope_settings(hf_config)
+    if long_rope is None:
+        raise ValueError(f"{file} has no longrope rope_scaling: it is not the config of a 128k-context Phi-3.")
+    return long_rope
+
+
 def phi3_from_hf_config(hf_config: Mapping[str, Any], **lora_kwargs: Any) -> TransformerDecoder:
-    """Builds a Phi-3 model with the dimensions of a ``config.json``.
+    """Builds a Phi-3 (or Phi-4) model with the dimensions of a ``config.json``.
 
     Args:
         hf_config (Mapping[str, Any]): the ``config.json`` dict (``model_type: phi3``).
         **lora_kwargs: LoRA builder arguments; given any, LoRA layers are built.
 
     Returns:
-        TransformerDecoder: the model, randomly initialised.
+        TransformerDecoder: the model, randomly initialised; with :class:`~tune.modules.LongRoPE` when the
+        config's RoPE scaling is ``longrope`` (the 128k-context models).
 
     Raises:
-        ValueError: for RoPE scaling (longrope: the 128k variants) or partial rotary embeddings, which tune's
+        ValueError: for RoPE scaling other than longrope, or partial rotary embeddings (Phi-4-mini), which tune's
             Phi-3 does not implement.
     """
     rope = dict(hf_config.get("rope_parameters") or {})
     if rope.get("partial_rotary_factor", hf_config.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError("config.json uses partial_rotary_factor != 1 (Phi-4-mini); tune's Phi-3 rotates full heads.")
+    rope_base, long_rope = phi3_long_rope_settings(hf_config)
     num_heads = hf_config["num_attention_heads"]
-    return build_decoder(
+    model = build_decoder(
         vocab_size=hf_config["vocab_size"],
         num_layers=hf_config["num_hidden_layers"],
         num_heads=num_heads,
@@ -151,11 +221,12 @@ def phi3_from_hf_config(hf_config: Mapping[str, Any], **lora_kwargs: Any) -> Tra
         head_dim=hf_config.get("head_dim"),
         attn_dropout=hf_config.get("attention_dropout", 0.0),
         norm_eps=hf_config.get("rms_norm_eps", 1e-5),
-        rope_base=require_unscaled_rope(hf_config, "phi3"),
+        rope_base=rope_base,
         tie_word_embeddings=hf_config.get("tie_word_embeddings", False),
         sliding_windows=hf_sliding_windows(hf_config, "all"),
         lora=lora_spec(**lora_kwargs) if lora_kwargs else None,
     )
+    return _use_long_rope(model, long_rope, rope_base)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -4,13 +4,23 @@
 ``config.json`` they are; the builders read it. A ``lora_*`` builder passes its own arguments on with
 ``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*`` builder is the
 ``lora_*`` one with ``quantize_base=True``.
+
+The 128k-context size uses LongRoPE. Its 48 + 48 published per-frequency factors are not in the table (tune does
+not ship a transcription of them): its builders read them from the checkpoint's ``config.json``
+(``hf_config_path``); without it they build LongRoPE with every factor 1.0 (no frequency rescaling, the attention
+factor of a 131072 / 4096 extension still applied) and log a warning. ``tune.models.from_hf`` always reads them.
 """
 
+import logging
 from collections.abc import Sequence
+from typing import Any
 
 from tune.models._common import ModelSize, qlora_builder
 from tune.models.phi3._component_builders import lora_phi3, phi3
+from tune.models.phi3._convert_weights import read_long_rope_factors as _read_long_rope_factors
 from tune.modules import TransformerDecoder
+
+log = logging.getLogger(__name__)
 
 # One size per row (kept as written: the formatter would give every argument a line of its own).
 # fmt: off
@@ -18,6 +28,9 @@ MODEL_SIZES: dict[str, ModelSize] = {
     "phi3_mini": ModelSize("microsoft/Phi-3-mini-4k-instruct", dict(
         vocab_size=32064, num_layers=32, num_heads=32, num_kv_heads=32, embed_dim=3072, intermediate_dim=8192,
         max_seq_len=4096, norm_eps=1e-5, rope_base=10_000.0, sliding_window=2047)),
+    "phi3_mini_128k": ModelSize("microsoft/Phi-3-mini-128k-instruct", dict(
+        vocab_size=32064, num_layers=32, num_heads=32, num_kv_heads=32, embed_dim=3072, intermediate_dim=8192,
+        max_seq_len=131072, norm_eps=1e-5, rope_base=10_000.0, rope_scaling=dict(original_max_seq_len=4096))),
 }
 # fmt: on
 
@@ -47,3 +60,56 @@ def lora_phi3_mini(
 
 
 qlora_phi3_mini = qlora_builder(lora_phi3_mini)
+
+
+def _mini_128k_dims(hf_config_path: str | None) -> dict[str, Any]:
+    dims = dict(MODEL_SIZES["phi3_mini_128k"].dims)
+    if hf_config_path is None:
+        log.warning(
+            "phi3_mini_128k built without hf_config_path: LongRoPE's per-frequency factors are all 1.0, not the "
+            "published ones; pass the checkpoint's config.json (model.hf_config_path) to fine-tune the real model."
+        )
+        return dims
+    dims["rope_scaling"] = {**dims["rope_scaling"], **_read_long_rope_factors(hf_config_path)}
+    return dims
+
+
+def phi3_mini_128k(hf_config_path: str | None = None) -> TransformerDecoder:
+    """Phi-3-mini-128k (LongRoPE, 131072 positions), randomly initialised.
+
+    Args:
+        hf_config_path (str | None): the checkpoint's ``config.json`` (or its directory), whose longrope
+            ``short_factor``/``long_factor`` the model uses. Default None: every factor 1.0 (see the module
+            docstring), with a warning.
+
+    Raises:
+        FileNotFoundError: if ``hf_config_path`` has no config.json.
+        ValueError: if that config.json has no longrope scaling.
+    """
+    return phi3(**_mini_128k_dims(hf_config_path))
+
+
+def lora_phi3_mini_128k(
+    lora_attn_modules: Sequence[str],
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+    hf_config_path: str | None = None,
+) -> TransformerDecoder:
+    """Phi-3-mini-128k with fresh LoRA adapters (:func:`lora_phi3` at this size).
+
+    Args:
+        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
+            quantize_base: as in :func:`lora_phi3`.
+        hf_config_path (str | None): as in :func:`phi3_mini_128k`.
+    """
+    lora_kwargs = dict(locals())
+    dims = _mini_128k_dims(lora_kwargs.pop("hf_config_path"))
+    return lora_phi3(**lora_kwargs, **dims)
+
+
+qlora_phi3_mini_128k = qlora_builder(lora_phi3_mini_128k)

@@ -24,6 +24,7 @@ from tune.modules.peft._adapter_utils import (
 from tune.modules.peft._apply_lora import apply_lora
 from tune.modules.peft._dora import DoRALinear
 from tune.modules.peft._lora import LoRALinear
+from tune.modules.peft._lora_experts import LoRASwiGLUExperts, merge_lora_experts
 from tune.modules.peft._nf4 import (
     NF4ShardingError,
     check_nf4_shardable,
@@ -39,6 +40,7 @@ __all__ = [
     "AdapterModule",
     "DoRALinear",
     "LoRALinear",
+    "LoRASwiGLUExperts",
     "NF4ShardingError",
     "QATLoRALinear",
     "apply_lora",
@@ -53,6 +55,7 @@ __all__ = [
     "get_merged_lora_ckpt",
     "is_adapter_key",
     "is_nf4_tensor",
+    "merge_lora_experts",
     "merge_lora_weights",
     "nf4_block_sizes",
     "set_trainable_params",
