@@ -95,6 +95,12 @@ class ModelFamily:
         torchtune_layout (TorchtuneLayout | None): how torchtune 0.6.1's model of this family lays out its weights,
             for reading (and writing back) files of torchtune's ``FullModelTorchTuneCheckpointer``; None where
             torchtune has no such family (such files are then read with tune's own keys).
+        passthrough_hf_keys (str | None): a regular expression (``re.match``) on the Hugging Face checkpoint keys
+            of weights the family builds no module for but which belong to the checkpoint (Gemma 3's vision tower
+            and projector): ``hf_to_tune`` drops them, and ``FullModelHFCheckpointer`` copies them unchanged from
+            the input files (read at save time, in their own dtype and file) into every model it writes, so the
+            output is the whole model again; a PEFT adapter written for such a checkpoint excludes the modules
+            they belong to. None: the checkpoint holds the family's model only.
         sizes (Mapping[str, Any]): the released sizes (the family's ``MODEL_SIZES``: builder name -> ``ModelSize``
             with ``dims``), where checkpointers look up head counts that a checkpoint does not state.
         extra (dict): anything else a plugin wants to attach.
@@ -112,6 +118,7 @@ class ModelFamily:
     tp_plan: Callable[..., Any] | None = None
     adapter_converter: AdapterConverter | None = None
     torchtune_layout: "TorchtuneLayout | None" = None
+    passthrough_hf_keys: str | None = None
     sizes: Mapping[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 

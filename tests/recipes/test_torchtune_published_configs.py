@@ -56,8 +56,11 @@ _FAMILIES = (
     "mistral",
     "qwen2_5",
     "qwen3",
+    "gemma",
     "gemma2",
     "phi3",
+    "phi4",
+    "qwen2",
 )
 # torchtune's fine-tuning recipes (not DPO, PPO, knowledge distillation, evaluation or generation)
 _SFT_RECIPES = (
@@ -160,7 +163,7 @@ def test_published_sft_configs_validate(published_configs, tmp_path, capsys):
         )
         for name, problems in failed.items():
             print(f"  {name}: {' | '.join(problems)}")
-    assert 80 <= total <= 100, f"expected about 90 configs from torchtune's registry, found {total}"
+    assert 110 <= total <= 125, f"expected about 118 configs from torchtune's registry, found {total}"
     assert not failed, "\n".join(f"{name}: {' | '.join(problems)}" for name, problems in failed.items())
     for name, problems in needs_extra.items():
         # one problem, on the component, naming the package that is missing
@@ -248,10 +251,14 @@ def _meta_checkpoint(data: Path) -> Path:
 
 def _tokenizer_overrides(family: str, node: dict) -> list[str]:
     """The tiny tokenizer, in the form the config names it: torchtune's Qwen configs give ``vocab.json`` and
-    ``merges_file``, which the tiny Qwen tokenizer's directory also holds."""
+    ``merges_file``, its Phi-4 configs ``vocab_path`` and ``merges_path``, which the tiny tokenizers' directories
+    also hold."""
     path = assets.tokenizer_file(assets.FAMILIES[family].tokenizer)
     if "merges_file" in node:
         return [f"tokenizer.path={path.parent / 'vocab.json'}", f"tokenizer.merges_file={path.parent / 'merges.txt'}"]
+    if "merges_path" in node:  # torchtune's Phi-4 configs
+        vocab, merges = path.parent / "vocab.json", path.parent / "merges.txt"
+        return [f"tokenizer.vocab_path={vocab}", f"tokenizer.merges_path={merges}"]
     return [f"tokenizer.path={path}"]
 
 

@@ -7,6 +7,7 @@ differ only in how keys are converted and which files they expect.
 """
 
 import json
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from tune.training.checkpointing._io import (
     CheckpointError,
     describe_dir,
     download_hint,
+    load_tensors,
     load_weights_file,
     missing_files_error,
     read_json,
@@ -214,6 +216,14 @@ class _Checkpointer:
         """The HF config dict that the family's converters receive."""
         return self._config
 
+    def _passthrough_keys(self, written: set[str]) -> list[str]:
+        """Keys of the input files that a written model carries over unchanged (none but in the HF format)."""
+        return []
+
+    def _peft_excluded_modules(self) -> str | None:
+        """PEFT's ``exclude_modules`` for an adapter of this checkpoint (a regex on module names), or None."""
+        return None
+
     # ----------------------------------------------------------------------------------------- input files
     def _resolve_files(self, spec: list[str] | Mapping[str, Any] | str | None) -> list[Path]:
         if isinstance(spec, str):
@@ -374,6 +384,11 @@ class _Checkpointer:
                     "this adapter would compute different outputs. Merge it with PEFT and load the merged model."
                 )
         state = load_weights_file(file)
+        # --- MoE expert adapters (tune keys, in their own file: PEFT cannot load them); see _formats.py ---
+        from tune.training.checkpointing._formats import load_expert_adapter
+
+        state.update(load_expert_adapter(file.parent))
+        # --- end MoE ---
         if any(key.startswith(PEFT_PREFIX) for key in state):
             hf_to_tune = self._converter("hf_to_tune")
             return peft_to_adapter(
@@ -498,6 +513,10 @@ class _Checkpointer:
             file = self._output_name(source.file if source is not None else default_file)
             shards[file][key] = tensor
             weight_map[key] = file
+        for key, tensor in self._read_passthrough(set(converted)).items():
+            file = self._output_name(layout[key].file)  # the file it came from, under its output name
+            shards[file][key] = tensor
+            weight_map[key] = file
         written = []
         for file, shard in shards.items():
             if not shard:
@@ -513,6 +532,20 @@ class _Checkpointer:
             save_json({"metadata": {"total_size": total}, "weight_map": weight_map}, directory / index_name)
             written.append(index_name)
         return written
+
+    def _read_passthrough(self, written: set[str]) -> dict[str, torch.Tensor]:
+        # Read now, at save time, from the input files: nothing of them is held while training runs.
+        keys_by_file: dict[str, list[str]] = {}
+        layout = self._layout()
+        for key in self._passthrough_keys(written):
+            keys_by_file.setdefault(layout[key].file, []).append(key)
+        paths = {path.name: path for path in self._files}
+        tensors: dict[str, torch.Tensor] = {}
+        for name, file_keys in keys_by_file.items():
+            tensors.update(load_tensors(paths[name], file_keys))
+        if tensors:
+            log.info(f"Carried {len(tensors)} tensors the model has no module for over from {self._checkpoint_dir}.")
+        return tensors
 
     def _had_index(self) -> bool:
         return any((self._checkpoint_dir / n).is_file() for n in (keys.SAFETENSORS_INDEX_FILE, keys.BIN_INDEX_FILE))
@@ -536,7 +569,15 @@ class _Checkpointer:
         rank = int(adapter_config.get("r") or max(ranks.values()))
         use_dora = any(k.endswith("magnitude") for k in adapter)
         save_safetensors(weights, directory / keys.ADAPTER_MODEL_FILE)
+        # --- MoE expert adapters (tune keys, in their own file: PEFT cannot load them); see _formats.py ---
+        from tune.training.checkpointing._formats import save_expert_adapter
+
+        save_expert_adapter(adapter, directory)
+        # --- end MoE ---
         peft_config = self._peft_config(adapter_config, rank, ranks, alphas, use_dora)
+        excluded = self._peft_excluded_modules()
+        if excluded is not None:  # modules of the same names outside tune's model (a vision tower's q_proj)
+            peft_config["exclude_modules"] = excluded
         save_json(peft_config, directory / keys.ADAPTER_CONFIG_FILE)
 
     def _peft_config(
@@ -600,6 +641,12 @@ class FullModelHFCheckpointer(_Checkpointer):
     its own subdirectory because transformers, given a directory holding a model and an adapter, applies the
     adapter on top of the already merged weights.)
 
+    Weights of the input that the family builds no module for (``ModelFamily.passthrough_hf_keys``: the vision
+    tower and projector of a multimodal Gemma 3 checkpoint) are written back unchanged with every model: read from
+    the input files when the checkpoint is saved (not held during training), into the file they came from, in their
+    own dtype, and listed in the index. A PEFT adapter of such a checkpoint leaves their modules out
+    (``exclude_modules``).
+
     A reward or classifier model (``config.json`` ``architectures``: ``*ForSequenceClassification``) loads into
     tune's classifier builders (``mistral_classifier``, ``llama2_classifier``): its ``score`` head is their
     ``output`` layer, and is written back as ``score``, so the output loads with
@@ -640,6 +687,28 @@ class FullModelHFCheckpointer(_Checkpointer):
         if self._family is None and self._model_type is not None:  # REWARD: the family config.json names
             self._family = family_for_hf_model_type(str(self._config.get("model_type")))
         self._classifier = _is_sequence_classifier(self._config)
+        pattern = self._family.passthrough_hf_keys
+        try:
+            self._passthrough = re.compile(pattern) if pattern else None
+        except re.error as error:
+            raise ValueError(
+                f"The model family {self._family.name!r} declares passthrough_hf_keys={pattern!r}, which is not a "
+                f"valid regular expression: {error}."
+            ) from error
+        if self._passthrough is not None:
+            self._layout()  # the files' headers as the run starts: a file changed meanwhile is named at save time
+
+    def _passthrough_keys(self, written: set[str]) -> list[str]:
+        # the input's weights the family declared as having no module in tune, unless the model wrote them itself
+        if self._passthrough is None:
+            return []
+        return [key for key in self._layout() if key not in written and self._passthrough.match(key)]
+
+    def _peft_excluded_modules(self) -> str | None:
+        # PEFT matches target_modules by the last name part: keep its LoRA layers out of the carried-over modules
+        if not self._passthrough_keys(set()):
+            return None
+        return f"(?:{self._passthrough.pattern}).*"
 
     # A sequence classifier's `score` head is the output projection of tune's classifier builders: the family's
     # converter handles it as the (untied) `lm_head`.

@@ -161,6 +161,47 @@ def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
     )
 
 
+def load_tensors(path: str | Path, keys: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Reads some tensors of a weights file: from safetensors only those (the rest of the file is not read), from
+    ``.bin``/``.pt``/``.pth`` the file memory-mapped with ``weights_only=True`` and those picked out.
+
+    Args:
+        path (str | Path): the file.
+        keys (Iterable[str]): the tensors to read.
+
+    Returns:
+        dict[str, torch.Tensor]: the tensors by key, in their dtype in the file.
+
+    Raises:
+        CheckpointError: for a key the file does not hold (it changed since it was read), or an unreadable file;
+            naming the file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path, keys = Path(path), list(keys)
+    if path.suffix == SAFETENSORS_SUFFIX:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                present = set(handle.keys())
+                found = {key: handle.get_tensor(key) for key in keys if key in present}
+        except (SafetensorError, OSError, RuntimeError) as error:
+            raise CheckpointError(
+                f"Could not read the safetensors file {path}: {error}. The file is corrupt or truncated; download or "
+                "copy it again."
+            ) from error
+    else:
+        state = load_weights_file(path)
+        found = {key: state[key] for key in keys if key in state}
+    missing = [key for key in keys if key not in found]
+    if missing:
+        raise CheckpointError(
+            f"{path} no longer holds {missing[:3]}{' ...' if len(missing) > 3 else ''} ({len(missing)} tensor(s)), "
+            "which it held when the run started: the checkpoint directory was changed during the run. Restore the "
+            "original files."
+        )
+    return found
+
+
 def _dedupe_storages(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     # safetensors refuses tensors sharing memory (tied embeddings) and non-contiguous views: give each its own.
     seen: set[tuple[int, int]] = set()
