@@ -13,7 +13,7 @@ one, named after its package, and is imported by name (``importlib``) the first 
 lookup by a family's own name imports that family only; an alias (``qwen2``), a Hugging Face ``model_type`` or
 :func:`list_model_families` imports them all. A family that fails to import is reported once as a warning
 naming it and the error, and the others keep working. A subpackage that declares ``ALIAS_OF = "family"`` and no
-``FAMILY`` (``tune.models.gemma``, which holds the names torchtune's Gemma 2 configs use) is a public alias of
+``FAMILY`` (``tune.models.qwen2``: torchtune's Qwen2 names on the Qwen2.5 architecture) is a public alias of
 names, not a family, and is skipped.
 """
 
@@ -164,7 +164,7 @@ def _load_builtin(name: str) -> None:
     try:
         module = importlib.import_module(f"tune.models.{name}")
         if isinstance(getattr(module, "ALIAS_OF", None), str) and not hasattr(module, "FAMILY"):
-            return  # a public alias package (tune.models.gemma for torchtune's names): not a family of its own
+            return  # a public alias package (tune.models.qwen2 for torchtune's names): not a family of its own
         family = getattr(module, "FAMILY", None)
         if not isinstance(family, ModelFamily):
             raise TypeError(f"tune.models.{name} declares no `FAMILY = ModelFamily(...)`")

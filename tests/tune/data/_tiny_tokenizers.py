@@ -55,16 +55,25 @@ def _workdir() -> Path:
     return path
 
 
-def sentencepiece_model(dummy_prefix: bool = True, gemma: bool = False) -> Path:
-    """Trains a tiny BPE SentencePiece model (once per setting); returns the directory holding ``tokenizer.model``."""
-    return _sentencepiece_model(bool(dummy_prefix), bool(gemma))
+# Mistral 7B v0.3's control pieces after <unk> <s> </s> (ids 3-9 of its tokenizer.model), then the first two of its
+# [control_N] placeholders (N = id - 2), which fill the vocabulary's control ids up to 770
+MISTRAL_V0_3_CONTROL_PIECES = (
+    "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]", "[control_8]", "[control_9]",
+)  # fmt: skip
+
+
+def sentencepiece_model(dummy_prefix: bool = True, gemma: bool = False, mistral_v0_3: bool = False) -> Path:
+    """Trains a tiny BPE SentencePiece model (once per setting); returns the directory holding ``tokenizer.model``.
+    ``mistral_v0_3`` adds Mistral 7B v0.3's control pieces (:data:`MISTRAL_V0_3_CONTROL_PIECES`) at ids 3-11."""
+    return _sentencepiece_model(bool(dummy_prefix), bool(gemma), bool(mistral_v0_3))
 
 
 @functools.cache
-def _sentencepiece_model(dummy_prefix: bool, gemma: bool) -> Path:
+def _sentencepiece_model(dummy_prefix: bool, gemma: bool, mistral_v0_3: bool = False) -> Path:
     import sentencepiece as spm
 
-    out = _workdir() / f"sp-{int(dummy_prefix)}-{int(gemma)}"
+    out = _workdir() / f"sp-{int(dummy_prefix)}-{int(gemma)}{'-mistral-v0.3' if mistral_v0_3 else ''}"
     out.mkdir()
     ids = dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3) if gemma else dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
     names = dict(bos_piece="<bos>", eos_piece="<eos>", pad_piece="<pad>") if gemma else {}
@@ -80,6 +89,7 @@ def _sentencepiece_model(dummy_prefix: bool, gemma: bool) -> Path:
         split_digits=True,
         character_coverage=1.0,
         user_defined_symbols=["<start_of_turn>", "<end_of_turn>"] if gemma else [],
+        control_symbols=list(MISTRAL_V0_3_CONTROL_PIECES) if mistral_v0_3 else [],
         minloglevel=2,
         num_threads=1,
         **ids,

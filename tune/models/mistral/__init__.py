@@ -21,7 +21,7 @@ from tune.models.mistral._model_builders import (
 )
 from tune.models.mistral._prompt_template import MistralChatTemplate
 from tune.models.mistral._tekken import MistralNemoChatFormat, mistral_nemo_tokenizer
-from tune.models.mistral._tokenizer import MistralTokenizer, mistral_tokenizer
+from tune.models.mistral._tokenizer import MistralTokenizer, MistralV3ChatFormat, mistral_tokenizer
 from tune.registry import ModelFamily, TorchtuneLayout
 
 FAMILY = ModelFamily(
@@ -46,6 +46,7 @@ __all__ = [
     "qlora_mistral_reward_7b",
     "MistralChatTemplate",
     "MistralTokenizer",
+    "MistralV3ChatFormat",
     "lora_mistral",
     "lora_mistral_7b",
     "mistral",

@@ -27,23 +27,42 @@ class MistralNemoChatFormat:
     roles = frozenset({"system", "user", "assistant"})
 
     def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
-        b = _Builder(messages)
-        system, rest = _split_system(messages, self.name)
-        last_user = max((i for i, m in rest if m.role == "user"), default=None)
-        b.fixed("<s>", special=True)
-        for i, m in rest:
-            if m.role == "user":
-                b.header(i, "[INST]", special=True)
-                if i == last_user and system is not None:
-                    b.content(0, system._text)
-                    b.end(0, "\n\n")
-                b.content(i, m._text)
-                b.end(i, "[/INST]", special=True)
-            else:
-                b.content(i, m._text)
-                if _open_end(messages, i, add_end_tokens):
-                    b.end(i, "</s>", special=True)
-        return b.segments
+        return render_control_inst(messages, self.name, add_end_tokens=add_end_tokens, strip_answers=False)
+
+
+def render_control_inst(
+    messages: Sequence[Message], fmt_name: str, *, add_end_tokens: bool, strip_answers: bool
+) -> list[Segment]:
+    """The segments of Mistral's control-token layouts (NeMo's, and v0.3's): ``<s>``, then ``[INST]`` user
+    ``[/INST]`` for a user turn, the system prompt and a blank line before the last user turn's text, and an
+    answer followed by ``</s>`` (stripped of surrounding whitespace with ``strip_answers``).
+
+    Args:
+        messages (Sequence[Message]): the checked conversation.
+        fmt_name (str): the chat format's name, for error messages.
+        add_end_tokens (bool): False leaves a final answer open (no ``</s>``).
+        strip_answers (bool): strip each answer's text, as the v0.3 template's ``trim`` does.
+
+    Returns:
+        list[Segment]: the rendered conversation.
+    """
+    b = _Builder(messages)
+    system, rest = _split_system(messages, fmt_name)
+    last_user = max((i for i, m in rest if m.role == "user"), default=None)
+    b.fixed("<s>", special=True)
+    for i, m in rest:
+        if m.role == "user":
+            b.header(i, "[INST]", special=True)
+            if i == last_user and system is not None:
+                b.content(0, system._text)
+                b.end(0, "\n\n")
+            b.content(i, m._text)
+            b.end(i, "[/INST]", special=True)
+        else:
+            b.content(i, m._text.strip() if strip_answers else m._text)
+            if _open_end(messages, i, add_end_tokens):
+                b.end(i, "</s>", special=True)
+    return b.segments
 
 
 def mistral_nemo_tokenizer(
