@@ -40,7 +40,7 @@ RECIPE_INFO = {
     # [!D]: not the *_KD_lora_single_device configs, which knowledge_distillation_single_device runs
     "configs": ["*/*[!D]_lora_single_device", "*/*_qlora_single_device", "demo/*lora*"],
     # the optional keys this recipe reads: filled in from tune.config.OPTIONAL_KEYS where a config leaves them out
-    "optional_keys": ["finetune", "lora"],
+    "optional_keys": ["finetune", "lora", "moe"],
 }
 
 log = utils.get_logger(name="tune.recipes.lora_finetune_single_device")
@@ -188,6 +188,9 @@ class LoRAFinetuneRecipeSingleDevice:
         self._loss_fn = training.prepare_loss(
             config.instantiate(cfg.loss), self._model, compile=self._compile, reduction="sum"
         )
+        # mixture-of-experts models: the load-balancing loss (added when router_aux_loss_coef > 0) and routing
+        # metrics; nothing for other models
+        self._router_aux_loss = training.RouterAuxLoss(self._model, cfg.router_aux_loss_coef, self._tokenizer.pad_id)
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
@@ -314,13 +317,14 @@ class LoRAFinetuneRecipeSingleDevice:
                 [b, s, s] and ``input_pos`` [b, s] for packed batches; already on the device.
 
         Returns:
-            tuple[torch.Tensor, dict[str, Any]]: the SUM of the token losses of this micro-batch (the loop divides
+            tuple[torch.Tensor, dict[str, Any]]: the SUM of the token losses of this micro-batch (for a
+            mixture-of-experts model, plus its load-balancing loss: ``tune.training.RouterAuxLoss``; the loop divides
             by the loss tokens of the whole step), and auxiliary metrics to log (tensors are fine: they are read
             only at logging steps).
         """
         labels = shift_labels(batch["labels"], CROSS_ENTROPY_IGNORE_IDX)
         outputs = self._model(batch["tokens"], mask=batch.get("mask"), input_pos=batch.get("input_pos"))
-        return self._loss_fn(outputs, labels), {}
+        return self._router_aux_loss(self._loss_fn(outputs, labels), batch["tokens"], labels)
 
     def train(self) -> None:
         """Runs the epochs: accumulate, clip, step, log, validate and save. Stops on a non-finite loss."""

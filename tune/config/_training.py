@@ -59,6 +59,12 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
         "fsdp_reshard_after_forward": True,
         "fsdp_mixed_precision": None,
     },
+    # the SFT recipes' mixture-of-experts settings (no effect on a model without MoE layers). transformers' name
+    # and meaning: the weight of the load-balancing loss added to the loss; 0 (transformers' behaviour unless
+    # output_router_logits is set) still logs it (tune.training.RouterAuxLoss)
+    "moe": {
+        "router_aux_loss_coef": 0.0,
+    },
     # preference recipes (the DPO recipes), read after "finetune": pairs are collated chosen rows first,
     # then rejected rows, padded (padding-free rows and packing do not apply to pairs)
     "dpo": {
@@ -270,6 +276,11 @@ def training_config_problems(cfg: DictConfig, *, distributed: bool = False) -> l
         problems.append(ConfigProblem("dataset_val", "is missing: run_val_every_n_steps needs a dataset"))
     if cfg.optimizer_in_bwd:
         problems += _check_optimizer_in_bwd(cfg, distributed)
+    coef = cfg.get("router_aux_loss_coef", 0.0)
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not 0.0 <= coef < float("inf"):
+        problems.append(
+            ConfigProblem("router_aux_loss_coef", "must be a number >= 0 (0: logged, not trained on)", coef)
+        )
     return problems
 
 

@@ -211,7 +211,28 @@ def _config_dtype(hf_config: Mapping[str, Any]) -> torch.dtype:
 
 
 def _is_adapter_key(key: str) -> bool:
-    return ".lora_a." in key or ".lora_b." in key or key.endswith(".magnitude")
+    # LoRA/DoRA layers, and the LoRA of stacked experts (`...experts.gate_proj_lora_a`)
+    return ".lora_a." in key or ".lora_b." in key or key.endswith((".magnitude", "_lora_a", "_lora_b"))
+
+
+# The hub's mixture-of-experts checkpoints store one tensor per expert (`model.layers.3.mlp.experts.17.up_proj.weight`)
+# where tune stacks a layer's experts into one tensor: such tensors are converted a group at a time (one projection
+# of one layer, every expert), not one by one.
+_PER_EXPERT_KEY = re.compile(r"^(.*\.experts)\.(\d+)\.(.+)$")
+
+
+def expert_group(hf_key: str) -> str | None:
+    """The group a per-expert Hugging Face key is converted with (its key with the expert index replaced by
+    ``*``), or None for a key of no expert.
+
+    Args:
+        hf_key (str): e.g. ``model.layers.3.mlp.experts.17.up_proj.weight``.
+
+    Returns:
+        str | None: e.g. ``model.layers.3.mlp.experts.*.up_proj.weight``.
+    """
+    match = _PER_EXPERT_KEY.match(hf_key)
+    return None if match is None else f"{match[1]}.*.{match[3]}"
 
 
 def from_hf(
@@ -225,7 +246,9 @@ def from_hf(
 
     The family comes from ``config.json``'s ``model_type`` (through ``tune.registry``), the dimensions from the
     rest of ``config.json``. The model is built on the meta device, allocated once on ``device`` and filled
-    tensor by tensor from memory-mapped safetensors files, so peak memory is about the model plus one tensor.
+    tensor by tensor from memory-mapped safetensors files, so peak memory is about the model plus one tensor
+    (plus, for a mixture-of-experts checkpoint stored one tensor per expert, one projection of one layer's experts:
+    those are stacked, so each group is converted at once, see :func:`expert_group`).
 
     Args:
         checkpoint_dir (str | Path): a directory with ``config.json`` and ``model.safetensors`` (or shards with
@@ -274,18 +297,35 @@ def _load_safetensors(
 
     expected = {key for key in model.state_dict() if not _is_adapter_key(key)}
     loaded: set[str] = set()
+
+    def load(tensors: dict[str, torch.Tensor], where: str) -> None:
+        converted = family.hf_to_tune(tensors, hf_config)
+        result = model.load_state_dict(converted, strict=False)
+        if result.unexpected_keys:
+            raise ValueError(
+                f"{where} has weight(s) {sorted(tensors)[:4]} (tune key(s) {result.unexpected_keys}) that the model "
+                "built from config.json does not have; config.json and the weights disagree."
+            )
+        loaded.update(converted)
+
+    # per-expert tensors wait for the rest of their group (possibly in a later shard); the group is converted
+    # once all of config.json's experts are there, so memory holds at most the groups still incomplete
+    num_experts = hf_config.get("num_experts", hf_config.get("num_local_experts"))
+    pending: dict[str, dict[str, torch.Tensor]] = {}
     for path in _safetensors_files(checkpoint_dir):
         with safe_open(str(path), framework="pt", device="cpu") as shard:
             # one tensor at a time: read from the memory-mapped file, renamed (or split), copied into the model
             for hf_key in shard.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                converted = family.hf_to_tune({hf_key: shard.get_tensor(hf_key)}, hf_config)
-                result = model.load_state_dict(converted, strict=False)
-                if result.unexpected_keys:
-                    raise ValueError(
-                        f"{path.name} has weight {hf_key!r} (tune key(s) {result.unexpected_keys}) that the model "
-                        "built from config.json does not have; config.json and the weights disagree."
-                    )
-                loaded.update(converted)
+                group = expert_group(hf_key)
+                if group is None:
+                    load({hf_key: shard.get_tensor(hf_key)}, path.name)
+                    continue
+                members = pending.setdefault(group, {})
+                members[hf_key] = shard.get_tensor(hf_key)
+                if isinstance(num_experts, int) and len(members) == num_experts:
+                    load(pending.pop(group), path.name)
+    for members in pending.values():  # incomplete groups: the family's converter names the missing experts
+        load(members, str(checkpoint_dir))
     missing = sorted(expected - loaded)
     if missing:
         raise ValueError(f"The checkpoint in {checkpoint_dir} lacks {len(missing)} weight(s), e.g. {missing[:8]}.")

@@ -71,6 +71,7 @@ from tune.training._model_converters import (
     validate_converter_order,
 )
 from tune.training._model_util import disable_dropout
+from tune.training._moe import RouterAuxLoss
 from tune.training._parallel import (
     apply_tensor_parallel,
     data_parallel_rank_and_size,
@@ -146,6 +147,7 @@ __all__ = [
     "OptimizerInBackwardWrapper",
     "PROFILER_KEY",
     "QATConverter",
+    "RouterAuxLoss",
     "StdoutLogger",
     "TensorBoardLogger",
     "ThroughputTracker",

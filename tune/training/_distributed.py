@@ -24,6 +24,7 @@ from torch import nn
 from tune.modules.peft import (
     DoRALinear,
     LoRALinear,
+    LoRASwiGLUExperts,
     check_nf4_shardable,
     dequantize,
     is_adapter_key,
@@ -243,9 +244,10 @@ def init_adapters(model: nn.Module, device: torch.device | str) -> int:
     """
     count = 0
     for module in model.modules():
-        if not isinstance(module, (LoRALinear, DoRALinear)):
+        if not isinstance(module, (LoRALinear, DoRALinear, LoRASwiGLUExperts)):
             continue
-        for name in module.adapter_params():  # "lora_a.weight", "lora_b.weight" (and "magnitude")
+        # "lora_a.weight", "lora_b.weight" (and "magnitude"); the experts' "gate_proj_lora_a", ...
+        for name in module.adapter_params():
             owner_name, _, param_name = name.rpartition(".")
             owner = module.get_submodule(owner_name) if owner_name else module
             param = getattr(owner, param_name)

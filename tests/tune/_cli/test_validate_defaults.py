@@ -110,10 +110,10 @@ def test_a_shipped_config_with_its_built_in_recipe(tune):
     lines = out.splitlines()
     assert lines[:2] == [
         "OK: llama3_2/1B_lora_single_device is valid for recipe lora_finetune_single_device",
-        "optional keys of lora_finetune_single_device (tables: finetune, lora):",
+        "optional keys of lora_finetune_single_device (tables: finetune, lora, moe):",
     ]
     keys = _key_lines(out)
-    assert [line.split(":")[0].strip() for line in keys] == list(recipe_defaults(["finetune", "lora"]))
+    assert [line.split(":")[0].strip() for line in keys] == list(recipe_defaults(["finetune", "lora", "moe"]))
     assert "  dataset_val: null  # default" in keys  # the config has no validation set
     assert not any(line.strip().startswith("tensor_parallel_dim") for line in keys)  # not a distributed recipe
 

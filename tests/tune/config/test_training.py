@@ -471,7 +471,7 @@ def test_validate_fills_the_defaults_of_a_built_in_recipe_without_an_lr_schedule
 def test_the_defaults_come_from_the_recipe_info(tmp_path):
     # the same recipe without "optional_keys" reads keys that the config no longer has
     source = FULL_RECIPE.read_text()
-    line = '    "optional_keys": ["finetune"],\n'
+    line = '    "optional_keys": ["finetune", "moe"],\n'
     assert line in source
     copy = tmp_path / "full_without_tables.py"
     copy.write_text(source.replace(line, ""))

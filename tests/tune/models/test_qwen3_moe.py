@@ -125,6 +125,58 @@ def test_conversion_names_missing_experts(saved):
         qwen3_moe_hf_to_tune(state, config)
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_from_hf_loads_a_per_expert_checkpoint(saved, tmp_path, sharded):
+    # the hub's layout: one tensor per expert, grouped per layer and projection by tune.models.from_hf; sharded,
+    # each layer's even experts in one file and its odd ones in the other (a group spread over two shards)
+    from safetensors.torch import save_file
+
+    from tune.models import from_hf
+
+    hf_model, directory, config = saved
+    if sharded:
+        state = _disk_state(directory)
+        directory = tmp_path / "sharded"
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(config))
+        names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+        weight_map = {key: names[int(key.split(".experts.")[1].split(".")[0]) % 2 if ".experts." in key else 0]
+                      for key in state}  # fmt: skip
+        for name in names:
+            save_file({k: v for k, v in state.items() if weight_map[k] == name}, directory / name)
+        index = {"metadata": {}, "weight_map": weight_map}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    model = from_hf(directory, dtype=torch.float32)
+    tokens, attention_mask, positions = padded_batch()
+    with torch.no_grad():
+        expected = hf_model(tokens, attention_mask=attention_mask, position_ids=positions).logits
+        actual = _logits(model, tokens, attention_mask, positions)
+        lora = from_hf(directory, dtype=torch.float32, lora_attn_modules=["q_proj"], apply_lora_to_experts=True)
+        lora_logits = _logits(lora, tokens, attention_mask, positions)
+    real = attention_mask.bool()
+    error = (expected[real] - actual[real]).abs().max().item()
+    print(f"from_hf (sharded={sharded}): max abs logit error {error:.2e}")
+    assert error < 1e-5
+    assert isinstance(lora.layers[0].mlp.experts, LoRASwiGLUExperts)
+    assert (expected[real] - lora_logits[real]).abs().max() < 1e-5  # fresh adapters: B = 0
+
+
+def test_from_hf_names_the_missing_experts_of_a_checkpoint(saved, tmp_path):
+    from safetensors.torch import save_file
+
+    from tune.models import from_hf
+
+    _, directory, config = saved
+    state = _disk_state(directory)
+    del state["model.layers.0.mlp.experts.2.gate_proj.weight"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=r"Layer 0's gate_proj has 5 of its 6 per-expert tensors \(missing experts \[2\]"
+    ):
+        from_hf(tmp_path)
+
+
 def test_from_hf_config_reads_both_spellings_and_the_layer_pattern(saved):
     _, _, config = saved
     # transformers 5 writes num_local_experts and rope_parameters; the hub's config.json num_experts and rope_theta

@@ -122,8 +122,9 @@ def lora_qwen3_moe(
         use_dora (bool): DoRA instead of LoRA on the linear layers (not on experts). Default False.
         quantize_base (bool): NF4 base weights (QLoRA). Default False.
         apply_lora_to_experts (bool): a LoRA update per expert on its three projections
-            (``LoRASwiGLUExperts``). The checkpointers do not write expert adapters yet (neither merged nor in
-            PEFT's format): merge them with ``tune.modules.peft.merge_lora_experts`` before saving. Default False.
+            (``LoRASwiGLUExperts``). The checkpointers merge them into the experts of the Hugging Face output and,
+            PEFT having no module to load them into, write them in tune's keys to
+            ``adapter/expert_adapter.safetensors`` rather than ``adapter_model.safetensors``. Default False.
         apply_lora_to_router (bool): adapt the router's gate (merged into the checkpoint like any LoRA layer; its
             PEFT adapter does not load in PEFT, whose LoRA cannot wrap transformers' router). Default False.
 

@@ -67,8 +67,8 @@ def qwen3_moe_hf_to_tune(state_dict: Mapping[str, Any], hf_config: Mapping[str, 
             raise ValueError(
                 f"Layer {layer}'s {name} has {len(experts)} of its {total} per-expert tensors (missing experts "
                 f"{missing[:8]}{' ...' if len(missing) > 8 else ''}). The experts are stacked into one tensor, so all "
-                "of a layer's experts must be converted together: load the checkpoint with FullModelHFCheckpointer "
-                "(tune.models.from_hf converts one tensor at a time and cannot read per-expert checkpoints yet)."
+                "of a layer's experts must be converted together (tune.models.from_hf and the checkpointers group "
+                "them): the checkpoint lacks these tensors, or they were passed in separate calls."
             )
         converted[f"layers.{layer}.mlp.experts.{name}"] = torch.stack([experts[e] for e in range(total)])
     converted.update(convert_hf_to_tune(rest, hf_config))
@@ -100,9 +100,10 @@ def qwen3_moe_tune_to_hf(state_dict: Mapping[str, Any], hf_config: Mapping[str, 
             converted[f"model.layers.{match[1]}.mlp.gate.weight"] = value
         elif "_lora_" in key and ".mlp.experts." in key:
             raise ValueError(
-                f"{key!r} is a LoRA adapter of the experts; a Hugging Face checkpoint (and PEFT's format, as tune "
-                "writes it) holds no expert adapters. Merge them into the expert weights first with "
-                "tune.modules.peft.merge_lora_experts(model), or train without apply_lora_to_experts."
+                f"{key!r} is a LoRA adapter of the experts; a Hugging Face checkpoint (and PEFT's format) holds no "
+                "expert adapters. Merge them into the expert weights first (tune.modules.peft.get_merged_lora_ckpt or "
+                "merge_lora_experts, as the LoRA recipes do); the checkpointers keep the unmerged ones in "
+                "adapter/expert_adapter.safetensors."
             )
         else:
             rest[key] = value

@@ -24,7 +24,12 @@ from tune.modules.peft._adapter_utils import (
 from tune.modules.peft._apply_lora import apply_lora
 from tune.modules.peft._dora import DoRALinear
 from tune.modules.peft._lora import LoRALinear
-from tune.modules.peft._lora_experts import LoRASwiGLUExperts, merge_lora_experts
+from tune.modules.peft._lora_experts import (
+    LoRASwiGLUExperts,
+    is_expert_adapter_key,
+    merge_lora_experts,
+    merge_lora_experts_state_dict,
+)
 from tune.modules.peft._nf4 import (
     NF4ShardingError,
     check_nf4_shardable,
@@ -54,8 +59,10 @@ __all__ = [
     "get_lora_module_names",
     "get_merged_lora_ckpt",
     "is_adapter_key",
+    "is_expert_adapter_key",
     "is_nf4_tensor",
     "merge_lora_experts",
+    "merge_lora_experts_state_dict",
     "merge_lora_weights",
     "nf4_block_sizes",
     "set_trainable_params",

@@ -7,6 +7,7 @@ from typing import Literal, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from tune.modules.peft._lora_experts import is_expert_adapter_key, merge_lora_experts_state_dict
 from tune.modules.peft._nf4 import dequantize, is_nf4_tensor
 
 # The attention projections LoRA builders accept in `lora_attn_modules`.
@@ -69,7 +70,8 @@ def set_trainable_params(model: nn.Module, adapter_params: Mapping[str, nn.Param
 
 
 def is_adapter_key(key: str) -> bool:
-    """Tells whether a state-dict key belongs to a LoRA/DoRA adapter (``lora_a``, ``lora_b`` or ``magnitude``).
+    """Tells whether a state-dict key belongs to a LoRA/DoRA adapter (``lora_a``, ``lora_b`` or ``magnitude``), or
+    to the LoRA of stacked experts (``...experts.gate_proj_lora_a``: :class:`LoRASwiGLUExperts`).
 
     Args:
         key (str): a state-dict key.
@@ -77,7 +79,11 @@ def is_adapter_key(key: str) -> bool:
     Returns:
         bool: True for adapter keys.
     """
-    return key.endswith(_ADAPTER_SUFFIXES) or key in ("lora_a.weight", "lora_b.weight", "magnitude")
+    return (
+        key.endswith(_ADAPTER_SUFFIXES)
+        or key in ("lora_a.weight", "lora_b.weight", "magnitude")
+        or is_expert_adapter_key(key)
+    )
 
 
 def get_adapter_state_dict(state_dict: Mapping[str, torch.Tensor], device: str | None = "cpu") -> dict:
@@ -96,6 +102,7 @@ def get_adapter_state_dict(state_dict: Mapping[str, torch.Tensor], device: str |
 def get_merged_lora_ckpt(state_dict: Mapping[str, torch.Tensor], rank: int, alpha: float) -> dict:
     """Folds LoRA / DoRA adapters into their base weights, giving a state dict with the base model's keys.
 
+    Expert adapters (``<experts>.<proj>_lora_a``) are merged per expert (:func:`merge_lora_experts_state_dict`).
     For each ``<prefix>.lora_a.weight`` the base ``<prefix>.weight`` becomes ``W + (alpha / rank) B A``; when
     ``<prefix>.magnitude`` exists (DoRA) it becomes ``(m / ||W + (alpha/rank) B A||_c)[:, None] * (W + ...)``.
     NF4 base weights are dequantised. The math runs in (at least) fp32 and each result takes its base weight's
@@ -112,6 +119,8 @@ def get_merged_lora_ckpt(state_dict: Mapping[str, torch.Tensor], rank: int, alph
     Raises:
         ValueError: if an adapter's rank differs from ``rank``, or its base weight or ``lora_b`` is missing.
     """
+    # the expert adapters (3-D, one update per expert) first: their merge gives plain expert weights
+    state_dict = merge_lora_experts_state_dict(state_dict, alpha, rank)
     merged = {k: v for k, v in state_dict.items() if not is_adapter_key(k)}
     prefixes = [k[: -len("lora_a.weight")] for k in state_dict if k.endswith("lora_a.weight")]
     for prefix in prefixes:
@@ -335,9 +344,13 @@ def get_adapter_config(model: nn.Module) -> dict[str, float]:
     """
     from tune.modules.peft._dora import DoRALinear
     from tune.modules.peft._lora import LoRALinear
+    from tune.modules.peft._lora_experts import LoRASwiGLUExperts
 
     layer = next((m for m in model.modules() if isinstance(m, (LoRALinear, DoRALinear))), None)
-    if layer is None:
+    if layer is None:  # adapters on stacked experts only: they have no dropout
+        experts = next((m for m in model.modules() if isinstance(m, LoRASwiGLUExperts)), None)
+        if experts is not None:
+            return {"r": experts.rank, "lora_alpha": experts.alpha, "lora_dropout": 0.0}
         raise ValueError("the model has no LoRA/DoRA layers")
     dropout = layer.dropout.p if isinstance(layer.dropout, nn.Dropout) else 0.0
     return {"r": layer.rank, "lora_alpha": layer.alpha, "lora_dropout": dropout}

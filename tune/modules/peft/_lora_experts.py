@@ -13,13 +13,15 @@ matrix, which a stack of experts is not. Merge with :meth:`LoRASwiGLUExperts.mer
 """
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
+from tune.modules.low_precision import dequantize
 from tune.modules.moe import SwiGLUExperts, grouped_linear
 
-__all__ = ["LoRASwiGLUExperts", "merge_lora_experts"]
+__all__ = ["LoRASwiGLUExperts", "is_expert_adapter_key", "merge_lora_experts", "merge_lora_experts_state_dict"]
 
 
 class LoRASwiGLUExperts(SwiGLUExperts):
@@ -134,8 +136,68 @@ def merge_lora_experts(model: nn.Module) -> nn.Module:
     for name, layer in targets:
         merged = layer.merged_weights()
         plain = SwiGLUExperts(layer.dim, layer.hidden_dim, layer.num_experts, use_grouped_mm=layer.use_grouped_mm)
+        plain.weight_inputs = layer.weight_inputs  # where the router weight applies (Llama 4: the input)
         for key, weight in merged.items():
             setattr(plain, key, nn.Parameter(weight.detach().clone(), requires_grad=False))
         plain.train(layer.training)
         model.set_submodule(name, plain)
     return model
+
+
+# State-dict keys of the expert adapters: `<experts>.<projection>_lora_a` / `_lora_b` (see the module docstring).
+_EXPERT_ADAPTER_SUFFIXES = ("_lora_a", "_lora_b")
+
+
+def is_expert_adapter_key(key: str) -> bool:
+    """Whether ``key`` names an adapter parameter of :class:`LoRASwiGLUExperts` (``...experts.gate_proj_lora_a``).
+
+    Args:
+        key (str): a state-dict key.
+
+    Returns:
+        bool: True for the 3-D expert adapters.
+    """
+    return key.endswith(_EXPERT_ADAPTER_SUFFIXES)
+
+
+@torch.no_grad()
+def merge_lora_experts_state_dict(
+    state_dict: Mapping[str, torch.Tensor], alpha: float, rank: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Folds the expert adapters of a state dict into their expert weights (the state-dict counterpart of
+    :func:`merge_lora_experts`): ``W_e + (alpha / rank) * B_e @ A_e`` for every expert ``e`` of every adapted
+    projection. Other keys pass through unchanged (2-D LoRA adapters included).
+
+    An NF4 base weight (stored flat, ``[num_experts * out, in]``) is dequantised and returned as
+    ``[num_experts, out, in]``. The merge runs in at least float32 and the result takes the base weight's dtype.
+
+    Args:
+        state_dict (Mapping[str, torch.Tensor]): a model state dict with ``<proj>_lora_a`` / ``<proj>_lora_b``
+            keys next to their base ``<proj>``.
+        alpha (float): the adapters' alpha.
+        rank (int | None): the adapters' rank, checked against the ``A`` shapes; None reads it from them.
+
+    Returns:
+        dict[str, torch.Tensor]: the state dict without expert adapter keys.
+
+    Raises:
+        ValueError: for an adapter without its partner or base weight, or a rank other than ``rank``.
+    """
+    merged = {k: v for k, v in state_dict.items() if not is_expert_adapter_key(k)}
+    for key in state_dict:
+        if not key.endswith("_lora_a"):
+            continue
+        base_key = key[: -len("_lora_a")]
+        lora_a, lora_b = state_dict[key], state_dict.get(base_key + "_lora_b")
+        if lora_b is None or base_key not in state_dict:
+            raise ValueError(
+                f"Expert adapter {key!r} has no matching {base_key + '_lora_b'!r} or base weight {base_key!r} in the "
+                "state dict. Pass the full model state dict (model.state_dict()), not the adapter-only one."
+            )
+        if rank is not None and lora_a.shape[1] != rank:
+            raise ValueError(f"Expert adapter {key!r} has rank {lora_a.shape[1]} but rank={rank} was given.")
+        base = dequantize(state_dict[base_key])
+        compute = torch.promote_types(base.dtype, torch.float32)
+        delta = (alpha / lora_a.shape[1]) * torch.bmm(lora_b.to(compute), lora_a.to(compute))  # [E, out, in]
+        merged[base_key] = (base.to(compute).reshape(delta.shape) + delta).to(base.dtype)
+    return merged

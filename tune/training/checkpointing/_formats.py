@@ -8,12 +8,17 @@ goes through HF.
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from tune.modules.peft import dequantize
+from tune.modules.peft import dequantize, is_expert_adapter_key, merge_lora_experts_state_dict
 from tune.registry import AdapterConverter
+from tune.training.checkpointing._io import load_weights_file, save_safetensors
+from tune.utils import get_logger
+
+log = get_logger(name="tune.training.checkpointing")
 
 # (Meta key, HF key): the Llama reference layout vs transformers' LlamaForCausalLM; "{}" is the layer index.
 _META_HF_KEYS = [
@@ -240,9 +245,46 @@ PEFT_PREFIX = "base_model.model."
 StateDictConverter = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]
 
 
+# The LoRA of stacked experts (tune.modules.peft.LoRASwiGLUExperts: `...experts.gate_proj_lora_a`, [E, r, in]) has
+# no module in PEFT to be loaded into: these adapters are left out of adapter_model.safetensors and written, in
+# tune's keys, to this file next to it (read back on resume); the merged model holds them merged.
+EXPERT_ADAPTER_FILE = "expert_adapter.safetensors"
+
+
 def is_adapter_key(key: str) -> bool:
-    """Whether ``key`` names a LoRA/DoRA adapter parameter in tune's layout (``lora_a``, ``lora_b``, ``magnitude``)."""
-    return any(key.endswith("." + suffix) or key == suffix for suffix in _TUNE_TO_PEFT_SUFFIX)
+    """Whether ``key`` names a LoRA/DoRA adapter parameter in tune's layout (``lora_a``, ``lora_b``, ``magnitude``,
+    or an expert adapter ``<proj>_lora_a`` / ``<proj>_lora_b``)."""
+    return is_expert_adapter_key(key) or any(
+        key.endswith("." + suffix) or key == suffix for suffix in _TUNE_TO_PEFT_SUFFIX
+    )
+
+
+def split_expert_adapter(
+    adapter: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Splits adapter weights into (2-D LoRA/DoRA adapters, expert adapters of stacked experts)."""
+    plain, experts = {}, {}
+    for key, value in adapter.items():
+        (experts if is_expert_adapter_key(key) else plain)[key] = value
+    return plain, experts
+
+
+def save_expert_adapter(adapter: Mapping[str, torch.Tensor], directory: Path) -> None:
+    """Writes the expert adapters of ``adapter`` (if any) in tune's keys to ``directory/expert_adapter.safetensors``.
+
+    Args:
+        adapter (Mapping[str, torch.Tensor]): tune adapter weights (the 2-D ones are ignored here).
+        directory (Path): the adapter directory (next to ``adapter_model.safetensors``).
+    """
+    _, experts = split_expert_adapter(adapter)
+    if experts:
+        save_safetensors({k: v.detach().contiguous() for k, v in experts.items()}, directory / EXPERT_ADAPTER_FILE)
+
+
+def load_expert_adapter(directory: Path) -> dict[str, torch.Tensor]:
+    """The expert adapters :func:`save_expert_adapter` wrote to ``directory`` (empty when there is no such file)."""
+    file = Path(directory) / EXPERT_ADAPTER_FILE
+    return load_weights_file(file) if file.is_file() else {}
 
 
 def split_adapter(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -312,12 +354,21 @@ def adapter_to_peft(
 
     Returns:
         tuple[dict, dict, dict]: the PEFT state dict, the rank of each adapted module by HF module name, and the
-        alpha of each module whose alpha is not ``lora_alpha`` (PEFT's ``alpha_pattern``).
+        alpha of each module whose alpha is not ``lora_alpha`` (PEFT's ``alpha_pattern``). Expert adapters
+        (:func:`is_expert_adapter_key`) are left out, with a logged note: see :func:`save_expert_adapter`.
 
     Raises:
         ValueError: when a module cannot be mapped to one HF module.
     """
     peft_state, ranks, alphas = {}, {}, {}
+    adapter, experts = split_expert_adapter(adapter)
+    if experts:
+        log.info(
+            "%d expert adapter tensors (LoRA on stacked experts) are not in the PEFT adapter: PEFT has no module to "
+            "load them into. They are written in tune's keys to %s next to it, and merged into the full model.",
+            len(experts),
+            EXPERT_ADAPTER_FILE,
+        )
     if adapter_converter is not None:
         if lora_alpha is None:
             raise ValueError("adapter_to_peft needs lora_alpha to fuse adapters with the family's adapter_converter.")
@@ -382,6 +433,8 @@ def peft_to_adapter(
         ValueError: for keys that are not LoRA/DoRA parameters (e.g. ``modules_to_save`` or LoRA biases), or a fused
             module the family cannot split exactly.
     """
+    # expert adapters read from their own file (load_expert_adapter) are in tune's keys already: passed through
+    peft_state, experts = split_expert_adapter(peft_state)
     stripped = {key.removeprefix(PEFT_PREFIX): value for key, value in peft_state.items()}
     modules = {key.split(".lora_", 1)[0] for key in stripped}
     scaled = peft_config is not None and "r" in peft_config and "lora_alpha" in peft_config
@@ -399,6 +452,7 @@ def peft_to_adapter(
             if suffix == "lora_B.weight" and factor != 1:
                 value = value * factor
             adapter[f"{prefix}.{_PEFT_TO_TUNE_SUFFIX[suffix]}"] = value
+    adapter.update(experts)
     return adapter
 
 
@@ -419,6 +473,7 @@ def merge_adapter(state_dict: Mapping[str, torch.Tensor], lora_alpha: float) -> 
     Raises:
         ValueError: if an adapter's base weight is missing.
     """
+    state_dict = merge_lora_experts_state_dict(state_dict, lora_alpha)  # the stacked experts' adapters
     base, adapter = split_adapter(state_dict)
     merged = dict(base)
     for prefix, parts in _group_by_module(adapter, _TUNE_TO_PEFT_SUFFIX).items():
