@@ -49,8 +49,8 @@ class FamilySpec:
         builder (str): the full-model component builder; ``lora_<builder>`` is the LoRA one.
         configs (dict[str, str]): method -> shipped single-device config (relative to configs/).
         distributed (dict[str, str]): method -> shipped distributed config, where one exists.
-        tokenizer (str): which tiny tokenizer (``sentencepiece``, ``gemma``, ``tiktoken``, ``qwen2_5``, ``qwen3``,
-            ``phi3``, ``phi4``, ``tekken``).
+        tokenizer (str): which tiny tokenizer (``sentencepiece``, ``gemma``, ``mistral_v0_3``, ``tiktoken``,
+            ``qwen2_5``, ``qwen3``, ``phi3``, ``phi4``, ``tekken``, ``llama4``).
         tokenizer_builder (str): the configs' tokenizer builder, where it is not ``FAMILY.tokenizer`` of
             ``tune.models.<key>`` (a key that names a size, not a package, or an alias package).
     """
@@ -144,7 +144,7 @@ FAMILIES: dict[str, FamilySpec] = {
         "mistral",
         _single("mistral/7B_v0.3", ("lora", "qlora")),
         {},
-        "sentencepiece",
+        "mistral_v0_3",
         "tune.models.mistral.mistral_tokenizer",
     ),  # fmt: skip
     "mistral_nemo": FamilySpec(
@@ -196,6 +196,28 @@ FAMILIES: dict[str, FamilySpec] = {
         _single("qwen3_moe/30B_A3B", methods=("lora", "qlora")),
         {"full": "qwen3_moe/30B_A3B_full.yaml", "lora": "qwen3_moe/30B_A3B_lora.yaml"},
         "qwen3",
+    ),  # fmt: skip
+    # Llama 4's language model: Scout (every layer sparse) single-device with LoRA and QLoRA, and distributed;
+    # Maverick (dense and sparse layers alternating, unscaled RoPE, no q/k norm), a size of the same family, with
+    # LoRA on several GPUs only
+    "llama4": FamilySpec(
+        "llama4_scout_17b_16e",
+        "llama4",
+        "llama4",
+        "llama4",
+        _single("llama4/scout_17B_16E", methods=("lora", "qlora")),
+        {"full": "llama4/scout_17B_16E_full.yaml", "lora": "llama4/scout_17B_16E_lora.yaml"},
+        "llama4",
+    ),  # fmt: skip
+    "llama4_maverick": FamilySpec(
+        "llama4_maverick_17b_128e",
+        "llama4",
+        "llama4",
+        "llama4",
+        {},
+        {"lora": "llama4/maverick_17B_128E_lora.yaml"},
+        "llama4",
+        "tune.models.llama4.llama4_tokenizer",
     ),  # fmt: skip
     "gemma": FamilySpec(
         "gemma_2b",
@@ -279,6 +301,9 @@ VARIANT_FAMILIES = (
 # Qwen3-MoE is Qwen 3's attention and tokenizer with MoE blocks, which its LoRA config checks end to end in the
 # default tier (its NF4 experts: tests/tune/models/test_qwen3_moe.py); its QLoRA and distributed configs run slow.
 VARIANT_FAMILIES += ("qwen3_moe",)
+# Llama 4 likewise: its Scout LoRA config end to end in the default tier (its logits, NF4 experts and conversion
+# against transformers: tests/tune/models/test_llama4.py); QLoRA, distributed and Maverick configs run slow.
+VARIANT_FAMILIES += ("llama4", "llama4_maverick")
 
 
 def tokenizer_file(kind: str) -> Path:
@@ -287,6 +312,8 @@ def tokenizer_file(kind: str) -> Path:
         return _tiny_tokenizers.sentencepiece_model() / "tokenizer.model"
     if kind == "gemma":
         return _tiny_tokenizers.sentencepiece_model(dummy_prefix=False, gemma=True) / "tokenizer.model"
+    if kind == "mistral_v0_3":  # Mistral 7B v0.3's [INST]/[/INST] (and tool) control pieces
+        return _tiny_tokenizers.sentencepiece_model(mistral_v0_3=True) / "tokenizer.model"
     if kind == "tiktoken":
         return _tiny_tokenizers.tiktoken_file()
     if kind in ("qwen2_5", "qwen3"):
@@ -297,6 +324,8 @@ def tokenizer_file(kind: str) -> Path:
         return phi4_tokenizer_dir() / "tokenizer.json"
     if kind == "tekken":
         return tekken_tokenizer_dir() / "tokenizer.json"
+    if kind == "llama4":
+        return llama4_tokenizer_dir() / "tokenizer.json"
     raise ValueError(kind)
 
 
@@ -315,6 +344,24 @@ def phi4_tokenizer_dir() -> Path:
     tokenizer.add_special_tokens(
         [AddedToken(content, special=True, normalized=False) for content, _ in PHI4_ADDED_TOKENS]
     )
+    tokenizer.save(str(out / "tokenizer.json"))
+    return out
+
+
+@functools.cache
+def llama4_tokenizer_dir() -> Path:
+    """A Llama-4-style ``tokenizer.json``: byte-level BPE with Llama 4's o200k-style regex and no normaliser, then
+    Llama 4's first special tokens (``<|begin_of_text|>`` ... ``<|finetune_right_pad|>``) in their id order."""
+    from tokenizers import AddedToken
+
+    from tune.models.llama4._tokenizer import LLAMA4_PATTERN, LLAMA4_SPECIAL_TOKENS
+
+    tokenizer = _tiny_tokenizers._train_byte_level_bpe(LLAMA4_PATTERN, vocab_size=600, nfc=False)
+    tokenizer.add_special_tokens(
+        [AddedToken(content, special=True, normalized=False) for content in LLAMA4_SPECIAL_TOKENS]
+    )
+    out = _tiny_tokenizers._workdir() / "llama4"
+    out.mkdir()
     tokenizer.save(str(out / "tokenizer.json"))
     return out
 
@@ -462,6 +509,23 @@ def hf_config(family: str):
             moe_intermediate_size=MOE_INTERMEDIATE_DIM, num_experts=NUM_EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN,
             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], **common,
         )  # fmt: skip
+    if family in ("llama4", "llama4_maverick"):  # the text_config of meta-llama/Llama-4-Scout-17B-16E-Instruct
+        # (every layer sparse, Llama 3 RoPE scaling, q/k norm) or of Llama-4-Maverick-17B-128E-Instruct (every
+        # second layer sparse, unscaled RoPE, no q/k norm)
+        scout = family == "llama4"
+        rope = dict(rope_type="default", rope_theta=500_000.0)
+        if scout:
+            rope.update(
+                rope_type="llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0,
+                original_max_position_embeddings=8192,
+            )  # fmt: skip
+        return transformers.Llama4TextConfig(
+            **{**common, "intermediate_size": MOE_INTERMEDIATE_DIM}, intermediate_size_mlp=INTERMEDIATE_DIM,
+            head_dim=HEAD_DIM, rope_parameters=rope, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            num_local_experts=NUM_EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN,
+            interleave_moe_layer_step=1 if scout else 2, use_qk_norm=scout, attention_chunk_size=8192,
+            attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1, pad_token_id=tokenizer.pad_id,
+        )  # fmt: skip
     if family == "gemma":  # google/gemma-2b
         return transformers.GemmaConfig(
             head_dim=HEAD_DIM, rope_theta=10_000.0, rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh",
@@ -529,11 +593,20 @@ def hf_lora_targets(lora_node: dict) -> list[str]:
     return targets
 
 
-def quantized_rows(family: str, lora_node: dict) -> dict[str, list[slice]]:
-    """transformers module name -> the row ranges of its weight that QLoRA quantises: the weights of tune's LoRA
-    layers. Phi-3 fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``; each part was its own tune layer
-    (its own NF4 tensor), and k_proj without LoRA stays unquantised."""
+def quantized_rows(family: str, lora_node: dict) -> dict[str, list]:
+    """transformers module name -> the row ranges (or row indices, in tune's order) of its weight that QLoRA
+    quantises: the weights of tune's LoRA layers. Phi-3 fuses q/k/v into ``qkv_proj`` and gate/up into
+    ``gate_up_proj``; each part was its own tune layer (its own NF4 tensor), and k_proj without LoRA stays
+    unquantised."""
     targets = hf_lora_targets(lora_node)
+    if family in ("llama4", "llama4_maverick"):
+        # tune quantises q/k in its RoPE row order (each head's even rows, then its odd ones), which groups the NF4
+        # block scales differently: an index of the rows in that order (tune/models/llama4/_convert_weights.py)
+        rows: dict[str, list] = {name: [slice(None)] for name in targets}
+        for name, heads in (("q_proj", NUM_HEADS), ("k_proj", NUM_KV_HEADS)):
+            if name in rows:
+                rows[name] = [torch.arange(heads * HEAD_DIM).view(heads, HEAD_DIM // 2, 2).transpose(1, 2).flatten()]
+        return rows
     if family not in ("phi3", "phi4"):
         return {name: [slice(None)] for name in targets}
     q, kv = NUM_HEADS * EMBED_DIM // NUM_HEADS, NUM_KV_HEADS * EMBED_DIM // NUM_HEADS
@@ -562,17 +635,20 @@ def nf4_round_trip(weight: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def nf4_round_trip_experts(model: torch.nn.Module) -> None:
-    """QLoRA's NF4 round trip of every expert weight of a transformers MoE model (qwen3_moe), in place, as tune
+    """QLoRA's NF4 round trip of every expert weight of a transformers MoE model (qwen3_moe, llama4), in place, as tune
     stores them under QLoRA (adapted or not): gate, up and down each flattened to ``[num_experts * out, in]`` and
     quantised as one matrix (tune.modules.moe.SwiGLUExperts with quantize_base=True)."""
     for module in model.modules():
         stacked = getattr(module, "gate_up_proj", None)
         if not isinstance(stacked, torch.Tensor) or stacked.dim() != 3:  # not an experts module (Phi-3's is a Linear)
             continue
-        gate, up = module.gate_up_proj.chunk(2, dim=1)  # [E, 2 * hidden, dim], gate rows first
+        # Llama 4 stores x @ W ([E, dim, 2 * hidden], [E, hidden, dim]): transposed to tune's [E, out, in] and back
+        llama4 = type(module).__name__ == "Llama4TextExperts"
+        gate_up = stacked.transpose(1, 2) if llama4 else stacked
+        gate, up = gate_up.chunk(2, dim=1)  # [E, 2 * hidden, dim], gate rows first
         parts = [nf4_round_trip(part.reshape(-1, part.shape[-1])).view(part.shape) for part in (gate, up)]
-        module.gate_up_proj.copy_(torch.cat(parts, dim=1))
-        down = module.down_proj
+        gate_up.copy_(torch.cat(parts, dim=1))
+        down = module.down_proj.transpose(1, 2) if llama4 else module.down_proj
         down.copy_(nf4_round_trip(down.reshape(-1, down.shape[-1])).view(down.shape))
 
 

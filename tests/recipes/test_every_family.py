@@ -344,10 +344,11 @@ def _check_resumed(resumed_out, uninterrupted: dict, trained) -> None:
 def test_the_missing_shipped_configs_are_the_known_ones():
     # llama3_3 ships only its 70B QLoRA single-device config; a new one must join SINGLE_CASES above
     # (torchtune's qwen2 set none for QLoRA; Mistral v0.3 and NeMo ship LoRA and QLoRA only; Qwen3-MoE 30B-A3B
-    # does not fit one GPU for a full fine-tune)
+    # does not fit one GPU for a full fine-tune, nor do Llama 4 Scout (109B) and Maverick (400B, distributed only)
     assert MISSING_SINGLE == [
         ("llama3_3", "full"), ("llama3_3", "lora"), ("mistral_v0_3", "full"), ("mistral_nemo", "full"),
-        ("qwen2", "qlora"), ("qwen3_moe", "full"),
+        ("qwen2", "qlora"), ("qwen3_moe", "full"), ("llama4", "full"), ("llama4_maverick", "full"),
+        ("llama4_maverick", "lora"), ("llama4_maverick", "qlora"),
     ]  # fmt: skip
     for spec in assets.FAMILIES.values():
         for relative in [*spec.configs.values(), *spec.distributed.values()]:

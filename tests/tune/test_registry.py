@@ -35,6 +35,7 @@ FAMILIES = [
     "llama3_1",
     "llama3_2",
     "llama3_3",
+    "llama4",
     "mistral",
     "phi3",
     "phi4",

@@ -50,6 +50,14 @@ class MultiHeadAttention(nn.Module):
             Gemma 2 local layers, Phi-3). None for full attention.
         softcapping (float | None): caps attention logits smoothly to ``(-c, c)`` with ``c * tanh(x / c)``
             (Gemma 2). None for no capping.
+        attention_chunk_size (int | None): chunked local attention: positions are cut into consecutive chunks of
+            this many tokens, and a query attends only keys of its own chunk (Llama 4's RoPE layers). Chunks
+            follow ``input_pos`` when given (so each packed document, and the real tokens of a left-padded row,
+            start a chunk of their own), else the token index (with a KV cache: the index in the cache). None for
+            no chunking.
+        query_scaling (nn.Module | None): applied to the queries [b, s, num_heads, head_dim] after the position
+            embedding as ``query_scaling(q, input_pos=...)`` (``input_pos`` None for ``0..s-1``): a
+            position-dependent query temperature (Llama 4's NoPE layers). None for none.
 
     Raises:
         ValueError: if the head counts are inconsistent or a probability is out of range.
@@ -76,6 +84,8 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         sliding_window: int | None = None,
         softcapping: float | None = None,
+        attention_chunk_size: int | None = None,
+        query_scaling: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
@@ -89,6 +99,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("q_norm and k_norm must be given together (both or neither).")
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be a positive number of tokens or None, got {sliding_window}.")
+        if attention_chunk_size is not None and attention_chunk_size < 1:
+            raise ValueError(
+                f"attention_chunk_size must be a positive number of tokens or None, got {attention_chunk_size}."
+            )
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -99,6 +113,7 @@ class MultiHeadAttention(nn.Module):
         self.scale = head_dim**-0.5 if scale is None else scale
         self.sliding_window = sliding_window
         self.softcapping = softcapping
+        self.attention_chunk_size = attention_chunk_size
         self.q_proj = q_proj
         self.k_proj = k_proj
         self.v_proj = v_proj
@@ -106,6 +121,7 @@ class MultiHeadAttention(nn.Module):
         self.pos_embeddings = pos_embeddings
         self.q_norm = q_norm
         self.k_norm = k_norm
+        self.query_scaling = query_scaling
         self.kv_cache = kv_cache
         # False makes forward ignore the cache without freeing it (`tune.modules.disable_kv_cache`).
         self.cache_enabled = True
@@ -155,23 +171,33 @@ class MultiHeadAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         # position embedding, after the tokens already in the cache
         offset = kv_cache.size if kv_cache is not None else 0
+        if input_pos is None and offset and (self.pos_embeddings is not None or self.query_scaling is not None):
+            input_pos = torch.arange(offset, offset + seq_len, device=x.device).expand(batch_size, seq_len)
         if self.pos_embeddings is not None:
-            if input_pos is None and offset:
-                input_pos = torch.arange(offset, offset + seq_len, device=x.device).expand(batch_size, seq_len)
             q = self.pos_embeddings(q, input_pos=input_pos)
             k = self.pos_embeddings(k, input_pos=input_pos)
+        if self.query_scaling is not None:
+            q = self.query_scaling(q, input_pos=input_pos)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, s, head_dim]
         # KV cache: the keys and values of earlier steps join this step's
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # [b, num_kv_heads, s_kv, head_dim]
         # attention
-        out = self._attend(q, k, v, mask, offset)  # [b, num_heads, s, head_dim]
+        # chunked attention groups the keys by the queries' positions only where keys and queries are the same tokens
+        chunk_pos = input_pos if kv_cache is None else None
+        out = self._attend(q, k, v, mask, offset, chunk_pos)  # [b, num_heads, s, head_dim]
         # output projection
         out = out.transpose(1, 2).reshape(batch_size, seq_len, self.num_heads * self.head_dim)
         return self.output_proj(out)
 
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, offset: int
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        offset: int,
+        chunk_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Scaled dot-product attention of q [b, num_heads, s, head_dim] over k, v [b, num_kv_heads, s_kv, head_dim]."""
         dropout = self.attn_dropout if self.training else 0.0
@@ -179,7 +205,7 @@ class MultiHeadAttention(nn.Module):
         spans = self._packed_document_spans(mask, q)
         if spans is not None:  # a packed batch on CPU: one causal call per document, same result (_packed_attention)
             return attend_documents(q, k, v, spans, scale=self.scale, dropout_p=dropout, enable_gqa=enable_gqa)
-        attn_mask = self._build_mask(mask, q.shape[2], k.shape[2], offset, q.device)
+        attn_mask = self._build_mask(mask, q.shape[2], k.shape[2], offset, q.device, chunk_pos)
         if self.softcapping is not None:
             return self._softcapped_attention(q, k, v, attn_mask, dropout)
         is_causal = attn_mask is None and self.is_causal and q.shape[2] == k.shape[2]
@@ -195,11 +221,20 @@ class MultiHeadAttention(nn.Module):
         )
 
     def _build_mask(
-        self, mask: torch.Tensor | None, seq_len: int, kv_len: int, offset: int, device: torch.device
+        self,
+        mask: torch.Tensor | None,
+        seq_len: int,
+        kv_len: int,
+        offset: int,
+        device: torch.device,
+        chunk_pos: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """A [b or 1, 1, s, s_kv] bool mask, or None when SDPA's is_causal (or no mask) says the same."""
         window = self.sliding_window if self.sliding_window is not None and kv_len > self.sliding_window else None
-        if mask is None:
+        chunk = self.attention_chunk_size
+        if chunk is not None and chunk_pos is None and kv_len <= chunk:
+            chunk = None  # every index falls in the first chunk
+        if mask is None and chunk is None:
             if not self.is_causal and window is None:
                 return None
             if offset == 0 and window is None and self.softcapping is None:
@@ -217,6 +252,12 @@ class MultiHeadAttention(nn.Module):
             allowed = self._fit_mask(mask, seq_len, kv_len)
         if window is not None:
             allowed = allowed & (k_idx > q_idx - window)[None]
+        if chunk is not None:
+            if chunk_pos is None:  # by index: the queries are the last seq_len of the kv_len keys
+                q_chunk, k_chunk = (q_idx // chunk)[None], (k_idx // chunk)[None]  # [1, s, 1], [1, 1, s_kv]
+            else:  # by position: the keys are the queries' own tokens
+                q_chunk, k_chunk = (chunk_pos // chunk)[:, :, None], (chunk_pos // chunk)[:, None, :]
+            allowed = allowed & (q_chunk == k_chunk)
         return allowed[:, None]
 
     @staticmethod
@@ -257,6 +298,8 @@ class MultiHeadAttention(nn.Module):
             return None
         if not self.is_causal or self.sliding_window is not None or self.softcapping is not None:
             return None  # attend_documents computes plain causal attention
+        if self.attention_chunk_size is not None:
+            return None
         if not is_candidate_mask(mask, q):
             return None
         return _document_spans(mask)

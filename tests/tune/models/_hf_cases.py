@@ -193,10 +193,43 @@ def phi3_config():
     )
 
 
+def llama4_config():
+    from transformers import Llama4TextConfig
+
+    # 4 layers: dense and MoE alternating (sigmoid top-2 of 4 experts, a shared expert), the 4th without RoPE;
+    # the RoPE layers attend in chunks of 4 tokens (< 12) with q/k norm; Llama 3 RoPE scaling as Scout's (factor 16,
+    # equal frequency factors) over an 8-token original context. The NoPE layer's query temperature keeps the
+    # release's floor_scale (8192: 1 at these positions; tests/tune/models/test_llama4.py checks it at 2)
+    return Llama4TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=32,
+        intermediate_size_mlp=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        interleave_moe_layer_step=2,
+        max_position_embeddings=64,
+        attention_chunk_size=4,
+        rope_parameters=dict(
+            rope_type="llama3",
+            rope_theta=500_000.0,
+            factor=16.0,
+            low_freq_factor=1.0,
+            high_freq_factor=1.0,
+            original_max_position_embeddings=8,
+        ),
+    )
+
+
 CASES = {
     "llama2": llama2_config,
     "llama3_1": llama3_1_config,
     "llama3_2": llama3_2_config,
+    "llama4": llama4_config,
     "mistral": mistral_config,
     "mistral_nemo": mistral_nemo_config,
     "qwen2_5": qwen2_config,

@@ -294,6 +294,22 @@ PUBLISHED = {
         num_attention_heads=64, num_key_value_heads=4, head_dim=128, max_position_embeddings=40960,
         rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=False,
         moe_intermediate_size=1536, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True),
+    # Llama 4: the text_config of each repo's config.json (model_type llama4, a vision model beside it);
+    # intermediate_size is the experts' width, intermediate_size_mlp the dense layers'
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": dict(
+        model_type="llama4_text", vocab_size=202048, hidden_size=5120, intermediate_size=8192,
+        intermediate_size_mlp=16384, num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=10485760, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=dict(rope_type="llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0,
+                          original_max_position_embeddings=8192),
+        tie_word_embeddings=False, num_local_experts=16, num_experts_per_tok=1, interleave_moe_layer_step=1,
+        use_qk_norm=True, attention_chunk_size=8192),
+    "meta-llama/Llama-4-Maverick-17B-128E-Instruct": dict(
+        model_type="llama4_text", vocab_size=202048, hidden_size=5120, intermediate_size=8192,
+        intermediate_size_mlp=16384, num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=1048576, rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=None,
+        tie_word_embeddings=False, num_local_experts=128, num_experts_per_tok=1, interleave_moe_layer_step=2,
+        use_qk_norm=False, attention_chunk_size=8192),
 }
 # fmt: on
 
@@ -333,7 +349,13 @@ SHAPE_KEYS = (
     "pad_token_id",
     "moe_intermediate_size",
     "num_experts",
+    "intermediate_size_mlp",  # Llama 4's dense layers
+    "num_local_experts",
+    "interleave_moe_layer_step",
 )
+# Llama 4's keys, checked in test_named_size_has_the_published_hyperparameters
+LLAMA4_KEYS = ("intermediate_size_mlp", "num_local_experts", "interleave_moe_layer_step", "use_qk_norm",
+               "attention_chunk_size")  # fmt: skip
 
 
 def _one(values: list, what: str):
@@ -345,7 +367,8 @@ def _read_hyperparameters(model: TransformerDecoder) -> dict:
     """The built model's hyperparameters under their config.json names, each checked to be the same everywhere."""
     attns = [layer.attn for layer in model.layers]
     # one module shared by every layer; Gemma 3's local (sliding-window) layers share one of their own
-    global_attns = [attn for attn in attns if attn.sliding_window is None] or attns
+    # (Llama 4's NoPE layers have none)
+    global_attns = [attn for attn in attns if attn.sliding_window is None and attn.pos_embeddings is not None] or attns
     rope = _one([attn.pos_embeddings for attn in global_attns], "the RoPE module")
     local_rope = _one(
         [attn.pos_embeddings for attn in attns if attn.sliding_window is not None] or [rope], "local RoPE"
@@ -468,6 +491,7 @@ def test_every_table_repo_has_published_values():
             "sliding_window",
             "use_sliding_window",
             "pad_token_id",
+            *LLAMA4_KEYS,
         }
 
 
@@ -477,12 +501,28 @@ def test_named_size_has_the_published_hyperparameters(name):
     model = _build(name)
     ours = _read_hyperparameters(model)
     compared = [key for key in HYPERPARAMETERS if key in published]
+    if published["model_type"] == "llama4_text":
+        _check_llama4(model, ours, published)
     if ours["intermediate_size"] is None:  # every layer sparse: the dense width is unused (and unreadable)
         compared.remove("intermediate_size")
     mismatched = {key: (ours[key], published[key]) for key in compared if not _same(ours[key], published[key])}
     assert not mismatched, f"{name}: (ours, published) {mismatched}"
     windows = [layer.attn.sliding_window for layer in model.layers]
     assert windows == _published_sliding_windows(published), f"{name}: per-layer sliding windows {windows}"
+
+
+def _check_llama4(model: TransformerDecoder, ours: dict, published: dict) -> None:
+    """Llama 4's own keys; ``ours["intermediate_size"]`` becomes the experts' width, as in its config.json."""
+    dense_width, ours["intermediate_size"] = ours["intermediate_size"], ours["moe_intermediate_size"]
+    assert dense_width in (None, published["intermediate_size_mlp"])
+    assert ours["num_experts"] == published["num_local_experts"]
+    sparse = [hasattr(layer.mlp, "experts") for layer in model.layers]
+    step = published["interleave_moe_layer_step"]
+    assert sparse == [(i + 1) % step == 0 for i in range(len(sparse))]
+    rope_attns = [layer.attn for layer in model.layers if layer.attn.pos_embeddings is not None]
+    assert len(rope_attns) == len(model.layers) * 3 // 4  # every 4th layer without RoPE (no_rope_layers: [])
+    assert {attn.q_norm is not None for attn in rope_attns} == {published["use_qk_norm"]}
+    assert {attn.attention_chunk_size for attn in rope_attns} == {published["attention_chunk_size"]}
 
 
 @pytest.mark.parametrize("name", sorted(SIZES))
@@ -535,8 +575,12 @@ def test_named_lora_builder_adds_exactly_the_adapters(name):
     q_out, kv_out = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
     embed_dim = attn.embed_dim
     per_layer = rank * (embed_dim + q_out) + rank * (embed_dim + kv_out)
-    # apply_lora_to_mlp adapts the dense feed-forward layers (a sparse MoE layer's experts are left alone)
-    mlp = [3 * rank * (embed_dim + layer.mlp.w1.out_features) for layer in base.layers if hasattr(layer.mlp, "w1")]
+    # apply_lora_to_mlp adapts the dense feed-forward layers and a sparse layer's shared expert (Llama 4), not its
+    # routed experts
+    ffns = [
+        f for layer in base.layers for f in (layer.mlp, getattr(layer.mlp, "shared_expert", None)) if hasattr(f, "w1")
+    ]
+    mlp = [3 * rank * (embed_dim + ffn.w1.out_features) for ffn in ffns]
     assert _count(lora) == _count(base) + len(base.layers) * per_layer + sum(mlp)
 
 

@@ -41,6 +41,9 @@ class SwiGLUExperts(nn.Module):
             ``dim * element_size`` and ``hidden_dim * element_size`` to be multiples of 16 bytes. Also an
             attribute, changeable after construction. Default False.
         quantize_base (bool): store the (frozen) weights in NF4 through torchao. Default False.
+        weight_inputs (bool): multiply each token's INPUT to an expert by its router weight, instead of the
+            expert's output (Llama 4: ``expert(w * x)``, not ``w * expert(x)``; the two differ, SwiGLU not being
+            linear). Also an attribute, changeable after construction. Default False.
 
     Raises:
         ValueError: for non-positive sizes.
@@ -49,7 +52,13 @@ class SwiGLUExperts(nn.Module):
     _weight_names = ("gate_proj", "up_proj", "down_proj")
 
     def __init__(
-        self, dim: int, hidden_dim: int, num_experts: int, use_grouped_mm: bool = False, quantize_base: bool = False
+        self,
+        dim: int,
+        hidden_dim: int,
+        num_experts: int,
+        use_grouped_mm: bool = False,
+        quantize_base: bool = False,
+        weight_inputs: bool = False,
     ) -> None:
         super().__init__()
         if min(dim, hidden_dim, num_experts) <= 0:
@@ -60,6 +69,7 @@ class SwiGLUExperts(nn.Module):
         self.hidden_dim = hidden_dim
         self.num_experts = num_experts
         self.use_grouped_mm = use_grouped_mm
+        self.weight_inputs = weight_inputs
         self.gate_proj = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.up_proj = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.down_proj = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
@@ -82,10 +92,18 @@ class SwiGLUExperts(nn.Module):
     def expert_weight(self, name: str) -> torch.Tensor:
         """The dense ``[num_experts, out, in]`` weight ``name`` (``gate_proj``, ``up_proj`` or ``down_proj``);
         an NF4 weight (stored flat as ``[num_experts * out, in]``) is dequantised."""
-        weight = getattr(self, name)
+        weight = self.local_param(name)
         if is_nf4_tensor(weight):
             weight = dequantize(weight).view(self.num_experts, -1, weight.shape[-1])
         return weight
+
+    def local_param(self, name: str) -> torch.Tensor:
+        """The parameter ``name`` as this module computes with it: the parameter itself, or, under expert
+        parallelism (``tune.training.apply_expert_parallel``, which holds it as a DTensor split by expert and
+        sets ``num_experts`` to the local count), the experts of this rank (``DTensor.to_local``, differentiable).
+        The exchange of tokens between ranks happens outside the module, in forward hooks."""
+        param = getattr(self, name)
+        return param.to_local() if hasattr(param, "to_local") else param
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """Runs every token through its chosen experts and sums their outputs with the router's weights.
@@ -108,9 +126,13 @@ class SwiGLUExperts(nn.Module):
         else:
             groups = counts.tolist()
         rows = x[token]  # [num_tokens * k, dim]
+        slot_weights = weights.reshape(-1)[order].unsqueeze(-1)  # [num_tokens * k, 1]
+        if self.weight_inputs:
+            rows = rows * slot_weights.to(rows.dtype)
         hidden = F.silu(self._project("gate_proj", rows, groups)) * self._project("up_proj", rows, groups)
         out = self._project("down_proj", hidden, groups)  # [num_tokens * k, dim]
-        out = out * weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)
+        if not self.weight_inputs:
+            out = out * slot_weights.to(out.dtype)
         return torch.zeros_like(x).index_add_(0, token, out.to(x.dtype))
 
     def _project(self, name: str, rows: torch.Tensor, groups: torch.Tensor | list[int]) -> torch.Tensor:

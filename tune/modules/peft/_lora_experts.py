@@ -93,7 +93,7 @@ class LoRASwiGLUExperts(SwiGLUExperts):
         Returns:
             torch.Tensor: ``[num_experts, out, in]`` in the adapters' dtype.
         """
-        return self.scaling * torch.bmm(getattr(self, f"{name}_lora_b"), getattr(self, f"{name}_lora_a"))
+        return self.scaling * torch.bmm(self.local_param(f"{name}_lora_b"), self.local_param(f"{name}_lora_a"))
 
     def merged_weights(self) -> dict[str, torch.Tensor]:
         """The plain expert weights that compute what this module computes.
@@ -113,8 +113,8 @@ class LoRASwiGLUExperts(SwiGLUExperts):
         out = grouped_linear(rows, self.expert_weight(name), groups)
         if self.disabled:
             return out
-        lora_a = getattr(self, f"{name}_lora_a").to(rows.dtype)
-        lora_b = getattr(self, f"{name}_lora_b").to(rows.dtype)
+        lora_a = self.local_param(f"{name}_lora_a").to(rows.dtype)
+        lora_b = self.local_param(f"{name}_lora_b").to(rows.dtype)
         return out + self.scaling * grouped_linear(grouped_linear(rows, lora_a, groups), lora_b, groups)
 
     def extra_repr(self) -> str:
