@@ -64,7 +64,8 @@ class FullFinetuneRecipeDistributed:
     clipping, any optimizer and LR scheduler by ``_component_``, activation checkpointing and offloading,
     ``compile``, chunked cross-entropy, fp32/bf16 (and FSDP mixed precision), validation, step and epoch
     checkpoints with exact mid-epoch resume, metric loggers and the progress bar on rank 0, the profiler,
-    ``model_converters`` and a ``finetuning_schedule``. Adds ``tensor_parallel_dim``, ``fsdp_cpu_offload``,
+    ``model_converters`` and a ``finetuning_schedule``. Adds ``tensor_parallel_dim``, ``expert_parallel_dim``
+    (mixture-of-experts models: whole experts per rank, tokens exchanged by all-to-all), ``fsdp_cpu_offload``,
     ``fsdp_reshard_after_forward`` and ``dist_backend``.
 
     Args:
@@ -89,6 +90,7 @@ class FullFinetuneRecipeDistributed:
         self._enable_activation_checkpointing = cfg.enable_activation_checkpointing
         self._enable_activation_offloading = cfg.enable_activation_offloading
         self._tensor_parallel_dim = cfg.tensor_parallel_dim
+        self._expert_parallel_dim = cfg.expert_parallel_dim
         self._fsdp_cpu_offload = cfg.fsdp_cpu_offload
         self._fsdp_reshard_after_forward = cfg.fsdp_reshard_after_forward
         self._save_every_n_steps = cfg.save_every_n_steps
@@ -124,11 +126,18 @@ class FullFinetuneRecipeDistributed:
             self._mesh = training.init_device_mesh(self._world_size, self._tensor_parallel_dim, self._device.type)
         self._dp_rank, self._dp_size = training.data_parallel_rank_and_size(self._mesh)
         self._tp_size = training.tensor_parallel_size(self._mesh)
+        self._ep_mesh = None  # expert parallelism: groups of expert_parallel_dim ranks, each holding whole experts
+        if self._expert_parallel_dim > 1:
+            with config.errors_at("expert_parallel_dim", self._expert_parallel_dim):
+                self._ep_mesh = training.init_expert_parallel_mesh(
+                    self._world_size, self._expert_parallel_dim, self._device.type
+                )
         log_info(
-            "%d processes: %d data-parallel shard(s) x %d tensor-parallel rank(s), backend %s.",
+            "%d processes: %d data-parallel shard(s) x %d tensor-parallel rank(s), %d expert-parallel, backend %s.",
             self._world_size,
             self._dp_size,
             self._tp_size,
+            self._expert_parallel_dim,
             dist.get_backend(),
         )
 
@@ -294,6 +303,9 @@ class FullFinetuneRecipeDistributed:
                     cfg.tensor_parallel_plan, model, cfg.checkpointer.get("model_type")
                 )
                 training.apply_tensor_parallel(model, plan, self._mesh["tp"])
+        if self._ep_mesh is not None:  # each rank keeps whole experts; the MoE layers exchange tokens by all-to-all
+            with config.errors_at("expert_parallel_dim", self._expert_parallel_dim):
+                training.apply_expert_parallel(model, self._ep_mesh)
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         fsdp_dtypes = cfg.fsdp_mixed_precision or {}
@@ -305,6 +317,7 @@ class FullFinetuneRecipeDistributed:
             param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
             reduce_dtype=utils.get_dtype(fsdp_dtypes.get("reduce_dtype", "fp32")),
             dp_mesh=self._mesh["dp_shard"],
+            expert_mesh=self._ep_mesh,  # expert-parallel experts: their own units over the ranks holding them
         )
         training.load_from_full_model_state_dict(
             model, full_state_dict, self._device, strict=True, cpu_offload=self._fsdp_cpu_offload

@@ -76,9 +76,10 @@ class LoRAFinetuneRecipeDistributed:
     clipping, any optimizer and LR scheduler by ``_component_``, activation checkpointing and offloading,
     ``compile``, chunked cross-entropy, fp32/bf16 (and FSDP mixed precision), validation, step and epoch
     checkpoints with exact mid-epoch resume, metric loggers and the progress bar on rank 0, the profiler,
-    ``model_converters`` and a ``finetuning_schedule``. Adds ``fsdp_cpu_offload``, ``fsdp_reshard_after_forward``
-    and ``dist_backend``. Tensor parallelism splits plain linear layers only: ``tensor_parallel_dim`` must be 1
-    (use ``full_finetune_distributed`` for it).
+    ``model_converters`` and a ``finetuning_schedule``. Adds ``fsdp_cpu_offload``, ``fsdp_reshard_after_forward``,
+    ``dist_backend`` and ``expert_parallel_dim`` (mixture-of-experts models: whole experts per rank, their adapters
+    with them, tokens exchanged by all-to-all). Tensor parallelism splits plain linear layers only:
+    ``tensor_parallel_dim`` must be 1 (use ``full_finetune_distributed`` for it).
 
     Args:
         cfg (DictConfig): the recipe config (see ``configs/*/*_lora.yaml``).
@@ -103,6 +104,7 @@ class LoRAFinetuneRecipeDistributed:
         self._enable_activation_checkpointing = cfg.enable_activation_checkpointing
         self._enable_activation_offloading = cfg.enable_activation_offloading
         self._tensor_parallel_dim = cfg.tensor_parallel_dim
+        self._expert_parallel_dim = cfg.expert_parallel_dim
         self._fsdp_cpu_offload = cfg.fsdp_cpu_offload
         self._fsdp_reshard_after_forward = cfg.fsdp_reshard_after_forward
         self._save_every_n_steps = cfg.save_every_n_steps
@@ -138,11 +140,18 @@ class LoRAFinetuneRecipeDistributed:
             self._mesh = training.init_device_mesh(self._world_size, self._tensor_parallel_dim, self._device.type)
         self._dp_rank, self._dp_size = training.data_parallel_rank_and_size(self._mesh)
         self._tp_size = training.tensor_parallel_size(self._mesh)
+        self._ep_mesh = None  # expert parallelism: groups of expert_parallel_dim ranks, each holding whole experts
+        if self._expert_parallel_dim > 1:
+            with config.errors_at("expert_parallel_dim", self._expert_parallel_dim):
+                self._ep_mesh = training.init_expert_parallel_mesh(
+                    self._world_size, self._expert_parallel_dim, self._device.type
+                )
         log_info(
-            "%d processes: %d data-parallel shard(s) x %d tensor-parallel rank(s), backend %s.",
+            "%d processes: %d data-parallel shard(s) x %d tensor-parallel rank(s), %d expert-parallel, backend %s.",
             self._world_size,
             self._dp_size,
             self._tp_size,
+            self._expert_parallel_dim,
             dist.get_backend(),
         )
 
@@ -336,6 +345,9 @@ class LoRAFinetuneRecipeDistributed:
                     cfg.tensor_parallel_plan, model, cfg.checkpointer.get("model_type")
                 )
                 training.apply_tensor_parallel(model, plan, self._mesh["tp"])
+        if self._ep_mesh is not None:  # each rank keeps whole experts; the MoE layers exchange tokens by all-to-all
+            with config.errors_at("expert_parallel_dim", self._expert_parallel_dim):
+                training.apply_expert_parallel(model, self._ep_mesh)
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         self._shard_and_load(cfg, model, base_state_dict, adapter_state_dict)
@@ -383,6 +395,7 @@ class LoRAFinetuneRecipeDistributed:
             param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
             reduce_dtype=utils.get_dtype(fsdp_dtypes.get("reduce_dtype", "fp32")),
             dp_mesh=self._mesh["dp_shard"],
+            expert_mesh=self._ep_mesh,  # expert-parallel experts: their own units over the ranks holding them
         )
         model_keys = set(model.state_dict())
         validate_lora_state_dict_load(

@@ -64,6 +64,10 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
     # output_router_logits is set) still logs it (tune.training.RouterAuxLoss)
     "moe": {
         "router_aux_loss_coef": 0.0,
+        # distributed recipes: ranks per expert-parallel group, each holding num_experts / expert_parallel_dim
+        # whole experts and exchanging tokens by all-to-all (tune.training.apply_expert_parallel); 1: FSDP alone
+        # shards the experts. Must divide the number of processes and of experts; needs tensor_parallel_dim: 1
+        "expert_parallel_dim": 1,
     },
     # preference recipes (the DPO recipes), read after "finetune": pairs are collated chosen rows first,
     # then rejected rows, padded (padding-free rows and packing do not apply to pairs)
@@ -281,7 +285,24 @@ def training_config_problems(cfg: DictConfig, *, distributed: bool = False) -> l
         problems.append(
             ConfigProblem("router_aux_loss_coef", "must be a number >= 0 (0: logged, not trained on)", coef)
         )
+    problems += _expert_parallel_problems(cfg, distributed)
     return problems
+
+
+def _expert_parallel_problems(cfg: DictConfig, distributed: bool) -> list[ConfigProblem]:
+    # what can be checked before the run starts; the world size and the number of experts are checked when known
+    value = cfg.get("expert_parallel_dim", 1)
+    if not _positive_int(value):
+        return [ConfigProblem("expert_parallel_dim", "must be a positive integer (1: no expert parallelism)", value)]
+    if value == 1:
+        return []
+    if not distributed:
+        reason = "a single-device recipe holds every expert on its one device; set expert_parallel_dim: 1"
+        return [ConfigProblem("expert_parallel_dim", reason, value)]
+    if cfg.get("tensor_parallel_dim", 1) != 1:
+        reason = "cannot be combined with tensor parallelism yet: set tensor_parallel_dim: 1 or expert_parallel_dim: 1"
+        return [ConfigProblem("expert_parallel_dim", reason, value)]
+    return []
 
 
 def _positive_int(value: Any) -> bool:

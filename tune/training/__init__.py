@@ -45,6 +45,7 @@ from tune.training._distributed import (
     sync_seed,
     validate_no_params_on_meta_device,
 )
+from tune.training._expert_parallel import apply_expert_parallel, init_expert_parallel_mesh
 from tune.training._finetuning_schedule import FinetuningSchedule, auto_finetuning_phases
 from tune.training._grad import FiniteLossCheck, NonFiniteLossError, check_loss_is_finite, clip_grad_norm
 from tune.training._loss_scaling import num_loss_tokens, scale_grads, step_loss_scale
@@ -156,6 +157,7 @@ __all__ = [
     "activation_offloading_supported",
     "all_reduce_sum",
     "apply_activation_checkpointing",
+    "apply_expert_parallel",
     "apply_model_converters",
     "apply_selective_activation_checkpointing",
     "apply_tensor_parallel",
@@ -194,6 +196,7 @@ __all__ = [
     "init_adapters",
     "init_device_mesh",
     "init_distributed",
+    "init_expert_parallel_mesh",
     "is_distributed",
     "load_from_full_model_state_dict",
     "load_from_full_optimizer_state_dict",

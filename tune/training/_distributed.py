@@ -31,6 +31,7 @@ from tune.modules.peft import (
     is_nf4_tensor,
     to_nf4,
 )
+from tune.training._expert_parallel import EDP, expert_parallel_modules
 from tune.utils import TuneError, get_logger, get_rank
 
 log = get_logger(name=__name__)
@@ -282,8 +283,17 @@ def shard_model(
     dp_mesh: Any = None,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = torch.float32,
+    expert_mesh: Any = None,
 ) -> nn.Module:
     """Shards ``model`` in place with FSDP2: one ``fully_shard`` unit per matching submodule, then the root.
+
+    Stacked experts (``[num_experts, out, in]``) are sharded along dim 0 like any parameter: each rank holds
+    ``ceil(num_experts / ranks)`` experts (fewer, or none, on the last ranks when the number of ranks does not
+    divide it: FSDP pads the last shards) and every forward pass gathers all of them. With expert parallelism
+    (:func:`~tune.training.apply_expert_parallel` first, and its mesh as ``expert_mesh``) each expert module is
+    instead its own unit over ``expert_mesh["edp"]``: the ranks that hold the same experts shard them, and their
+    gradients are summed over those ranks and divided by the number of data-parallel ranks, as every other
+    gradient is (each expert already received the gradients of every rank of its group through the all-to-all).
 
     Args:
         model (nn.Module): the model, on the meta device or materialised.
@@ -299,6 +309,8 @@ def shard_model(
         param_dtype (torch.dtype | None): dtype of the gathered parameters for compute (mixed precision);
             ``None`` computes in the parameters' own dtype.
         reduce_dtype (torch.dtype | None): dtype of the gradient reduce-scatter.
+        expert_mesh (DeviceMesh | None): the ``(edp, ep)`` mesh given to
+            :func:`~tune.training.apply_expert_parallel`; None without expert parallelism.
 
     Returns:
         nn.Module: the same model, now sharded.
@@ -324,6 +336,11 @@ def shard_model(
         # pinned host memory needs CUDA; on a CPU-only run offloading moves nothing anyway
         fsdp_kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     # children before parents, so each unit owns exactly the parameters no inner unit took
+    if expert_mesh is not None:
+        for module in expert_parallel_modules(model):
+            fully_shard(module, **{**fsdp_kwargs, "mesh": expert_mesh[EDP]})
+            # FSDP would divide by the edp size; the loss scaling expects the mean over all data-parallel ranks
+            module.set_gradient_divide_factor(float(num_shards))
     num_units = 0
     for name, module in reversed(list(model.named_modules())):
         if name and any(condition(name, module) for condition in conditions):
