@@ -10,11 +10,9 @@ shard rule and tensor-parallel plan from it. There is no if/elif on model type a
 This module is a leaf like ``tune.utils``: at import time it imports nothing from tune but ``tune.plugins``, so
 every layer may read it. Built-in families are found, not listed: every public subpackage of ``tune.models`` is
 one, named after its package, and is imported by name (``importlib``) the first time a lookup asks for it. A
-lookup by a family's own name imports that family only; an alias (``qwen2``), a Hugging Face ``model_type`` or
-:func:`list_model_families` imports them all. A family that fails to import is reported once as a warning
-naming it and the error, and the others keep working. A subpackage that declares ``ALIAS_OF = "family"`` and no
-``FAMILY`` (``tune.models.qwen2``: torchtune's Qwen2 names on the Qwen2.5 architecture) is a public alias of
-names, not a family, and is skipped.
+lookup by a family's own name imports that family only; an alias (``phi3_mini``), a Hugging Face ``model_type``
+or :func:`list_model_families` imports them all. A family that fails to import is reported once as a warning
+naming it and the error, and the others keep working.
 """
 
 import importlib
@@ -163,8 +161,6 @@ def _load_builtin(name: str) -> None:
     _imported.add(name)
     try:
         module = importlib.import_module(f"tune.models.{name}")
-        if isinstance(getattr(module, "ALIAS_OF", None), str) and not hasattr(module, "FAMILY"):
-            return  # a public alias package (tune.models.qwen2 for torchtune's names): not a family of its own
         family = getattr(module, "FAMILY", None)
         if not isinstance(family, ModelFamily):
             raise TypeError(f"tune.models.{name} declares no `FAMILY = ModelFamily(...)`")

@@ -52,7 +52,7 @@ class FamilySpec:
         tokenizer (str): which tiny tokenizer (``sentencepiece``, ``gemma``, ``mistral_v0_3``, ``tiktoken``,
             ``qwen2_5``, ``qwen3``, ``phi3``, ``phi4``, ``tekken``, ``llama4``).
         tokenizer_builder (str): the configs' tokenizer builder, where it is not ``FAMILY.tokenizer`` of
-            ``tune.models.<key>`` (a key that names a size, not a package, or an alias package).
+            ``tune.models.<key>`` (a key that names a size, not a package).
     """
 
     size: str
@@ -166,7 +166,7 @@ FAMILIES: dict[str, FamilySpec] = {
         {"full": "qwen2_5/14B_full.yaml", "lora": "qwen2_5/14B_lora.yaml"},
         "qwen2_5",
     ),  # fmt: skip
-    # Qwen2 is the Qwen2.5 architecture (tune.models.qwen2 is an alias package of qwen2_5's builders); torchtune's
+    # Qwen2 is the Qwen2.5 architecture (the qwen2 family's sizes call qwen2_5's component builders); torchtune's
     # qwen2 set has no single-device QLoRA config
     "qwen2": FamilySpec(
         "qwen2_0_5b",
@@ -291,7 +291,7 @@ DPO_CONFIGS: dict[str, tuple[str, str]] = {
 # (its chat format is checked in tests/tune/models/test_phi4.py). Their LoRA configs (train, resume, load in
 # transformers and PEFT) run in the default tier, which checks those settings against transformers; their other
 # shipped and published configs run in the slow tier (`make test-all`), keeping `make test` under its 15 minutes.
-# Qwen2 is Qwen2.5's builders (tune.models.qwen2 is an alias package) with its own size table and tokenizer builder;
+# Qwen2 is Qwen2.5's builders (the qwen2 family calls them) with its own size table and tokenizer builder;
 # Mistral 7B v0.3 and NeMo are Mistral's blocks with other sizes (NeMo's head_dim and its tekken tokenizer are
 # checked against transformers in tests/tune/models/test_hf.py and test_mistral_variants.py).
 VARIANT_FAMILIES = (

@@ -3,7 +3,6 @@ LoRA and QLoRA builders, built on the meta device with the hyperparameters of th
 its Hugging Face repo, and with exactly the parameter count of the transformers model built from those values.
 """
 
-import importlib
 import inspect
 import math
 from pathlib import Path
@@ -15,7 +14,6 @@ from omegaconf import OmegaConf
 import tune.models
 from tune.config import validate_config
 from tune.models._common import ModelSize
-from tune.models._family import family_builders
 from tune.modules import LinearScaledRoPE, Llama3ScaledRoPE, RMSNorm, TiedLinear, TransformerDecoder
 from tune.registry import get_model_family
 
@@ -434,12 +432,8 @@ def _same(ours, published) -> bool:
 
 
 def _builders(family: str) -> dict:
-    """The family's registered builders; for an alias package (tune.models.qwen2, whose names live on the
-    qwen2_5 family) the builders its own ``_model_builders`` defines."""
-    registered = get_model_family(family)
-    if registered.name == family:
-        return registered.builders
-    return family_builders(importlib.import_module(f"tune.models.{family}._model_builders"))
+    """The family's registered builders."""
+    return get_model_family(family).builders
 
 
 def _build(name: str, prefix: str = "", *args, **kwargs) -> TransformerDecoder:

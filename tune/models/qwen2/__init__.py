@@ -1,11 +1,15 @@
-"""Qwen2: torchtune's ``qwen2`` names (sizes 0.5B, 1.5B and 7B, tokenizer, converters) on the Qwen2.5 family.
+"""Qwen2: the released sizes (0.5B, 1.5B, 7B), tokenizer and converters under torchtune's ``qwen2`` names.
 
-Qwen2 and Qwen2.5 are one architecture (Hugging Face ``model_type: qwen2``; torchtune's checkpointers call both
-``QWEN2``), so this package is not a model family of its own: it declares ``ALIAS_OF = "qwen2_5"``, the registry
-resolves ``qwen2`` to the ``qwen2_5`` family (whose converters and ``from_hf`` loader read the checkpoint's
-``config.json``), and the builders here use ``qwen2_5``'s component builders.
+Qwen2 and Qwen2.5 are one architecture (Hugging Face ``model_type: qwen2``): this family's builders call the
+``qwen2_5`` family's component builders (``tune.models.qwen2_5.qwen2``), and a Hugging Face ``config.json`` with
+``model_type: qwen2`` is built by the ``qwen2_5`` family's loader (so this family declares no ``from_hf_config``).
+torchtune's checkpointers name both ``QWEN2``: with ``model_type: QWEN2`` a checkpoint converts through this family,
+with the same converters as Qwen2.5.
 """
 
+from tune.models import qwen2_5 as _qwen2_5
+from tune.models._family import family_builders
+from tune.models.qwen2 import _model_builders
 from tune.models.qwen2._convert_weights import qwen2_hf_to_tune, qwen2_tune_to_hf
 from tune.models.qwen2._model_builders import (
     lora_qwen2_0_5b,
@@ -21,9 +25,22 @@ from tune.models.qwen2._model_builders import (
 from tune.models.qwen2._tokenizer import QWEN2_DEFAULT_SYSTEM_PROMPT, Qwen2Tokenizer, qwen2_tokenizer
 from tune.models.qwen2_5 import lora_qwen2, qwen2
 from tune.modules import RotaryPositionalEmbeddings
+from tune.registry import ModelFamily, TorchtuneLayout
 
-# the family this package's names belong to; read by tune.registry, which registers no family for an alias package
-ALIAS_OF = "qwen2_5"
+FAMILY = ModelFamily(
+    name="qwen2",
+    tokenizer=qwen2_tokenizer,
+    builders=family_builders(_model_builders),
+    # the registry's converters read config.json (tied embeddings); the torchtune-signature ones above do not
+    hf_to_tune=_qwen2_5.qwen2_hf_to_tune,
+    tune_to_hf=_qwen2_5.qwen2_tune_to_hf,
+    hf_model_types=("qwen2",),
+    from_hf_config=None,
+    aliases=(),
+    tp_plan=_qwen2_5.base_qwen_tp_plan,
+    torchtune_layout=TorchtuneLayout(interleaved_rope=False),  # torchtune's Qwen RoPE is rotate_half too
+    sizes=_model_builders.MODEL_SIZES,
+)
 
 
 class Qwen2RotaryPositionalEmbeddings(RotaryPositionalEmbeddings):

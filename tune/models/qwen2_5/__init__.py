@@ -54,7 +54,7 @@ FAMILY = ModelFamily(
     tune_to_hf=qwen2_tune_to_hf,
     hf_model_types=("qwen2",),
     from_hf_config=qwen2_from_hf_config,
-    aliases=("qwen2",),
+    aliases=(),
     tp_plan=base_qwen_tp_plan,
     torchtune_layout=TorchtuneLayout(interleaved_rope=False),  # torchtune's RoPE here is rotate_half too
     sizes=_model_builders.MODEL_SIZES,
