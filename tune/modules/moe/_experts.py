@@ -187,8 +187,8 @@ def grouped_linear(rows: torch.Tensor, weight: torch.Tensor, groups: torch.Tenso
         ValueError: when ``torch._grouped_mm``'s 16-byte row alignment does not hold for these shapes.
     """
     if isinstance(groups, list):
-        blocks = torch.split(rows, groups)
-        return torch.cat([F.linear(block, weight[e]) for e, block in enumerate(blocks)])
+        # unbind, not weight[e]: indexing makes autograd add one zero-filled [E, out, in] gradient per expert
+        return torch.cat([F.linear(block, w) for block, w in zip(torch.split(rows, groups), weight.unbind(0))])
     size = rows.element_size()
     if (weight.shape[-1] * size) % _GROUPED_MM_ALIGNMENT_BYTES or (
         weight.shape[-2] * size
