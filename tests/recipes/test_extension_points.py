@@ -405,14 +405,15 @@ def test_tune_validate_honours_imports_and_checks_schedule_patterns_against_the_
 def test_metrics_returned_by_a_copied_recipes_loss_step_are_logged_as_numbers(tiny_assets, tmp_path):
     # `tune cp` then an edited loss_step: it returns tensors (read only at logging steps) and a plain float
     source = (ROOT / "recipes" / f"{FULL}.py").read_text()
-    original = "        return self._loss_fn(outputs, labels), {}\n"
+    original = '        return self._router_aux_loss(self._loss_fn(outputs, labels), batch["tokens"], labels)\n'
     edited = (
         "        metrics = {\n"
         "            'num_label_tokens': (labels != CROSS_ENTROPY_IGNORE_IDX).sum(),\n"
         "            'label_fraction': (labels != CROSS_ENTROPY_IGNORE_IDX).sum() / (batch['tokens'] != 0).sum(),\n"
         "            'loss_weight': 0.5,\n"
         "        }\n"
-        "        return self._loss_fn(outputs, labels), metrics\n"
+        "        loss, moe_metrics = self._router_aux_loss(self._loss_fn(outputs, labels), batch['tokens'], labels)\n"
+        "        return loss, {**moe_metrics, **metrics}\n"
     )
     assert source.count(original) == 1, "the recipe's loss_step changed: update this test's edit"
     recipe = tmp_path / "my_recipe.py"
