@@ -12,7 +12,11 @@ harness's Alpaca file (``torchtune.datasets.preference_dataset`` over a JSON fil
 turn is its instruction and input, the chosen answer its output, the rejected answer the output of the row
 after it). torchtune runs the config as it is (with the harness's timing logger); tune runs the same file with
 ``torchtune.`` replaced by ``tune.`` and the logger swapped for tune's DiskLogger. Runs alternate between the
-systems.
+systems. ``--tune-root NAME=PATH`` (repeatable) runs tune from other copies of the repository as systems of their
+own, interleaved with the rest: a change measured against the code before it, e.g.::
+
+    .venv/bin/python benchmarks/bench_dpo.py --torchtune-python /tmp/bench/.venvs/tt/bin/python --reps 2 \
+        --tune-root before=/tmp/dpo_before --tune-root after=/tmp/dpo_after
 
 Definitions: pairs/s = preference pairs (batch size x optimizer steps) of steps 4..N over their wall time, from
 each system's per-step timestamps (both log right after the optimizer step). The two recipes count tokens
@@ -22,6 +26,7 @@ pairs/s; tune's non-padding tokens/s is shown too. Peak RSS from ``wait4``. Prin
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -83,14 +88,16 @@ def _steps(system: str, out: Path) -> list[tuple[int, float, float]]:
     return [(r["step"], r["time"], r["tokens_per_second"]) for r in records if "tokens_per_second" in r]
 
 
-def _run(system: str, python: str, bench: Path, size: str, steps: int, rep: int) -> dict:
+def _run(system: str, python: str, bench: Path, size: str, steps: int, rep: int, root: Path = ROOT) -> dict:
     import os
 
-    config = _dpo_config(bench, size, system)
+    config = _dpo_config(bench, size, "torchtune" if system == "torchtune" else "tune")
     out = Path("work") / "runs" / f"{system}_lora_dpo_{size}_{rep}"
+    # a run of an earlier invocation would add its steps to the log read below (the DiskLogger appends)
+    shutil.rmtree(bench / out, ignore_errors=True)
     overrides = [f"output_dir={out}", f"max_steps_per_epoch={steps}", f"batch_size={BATCH_SIZE}"]
     module = "torchtune._cli.tune" if system == "torchtune" else "tune._cli.main"
-    paths = [str(ROOT), str(bench / "tt_ext"), os.environ.get("PYTHONPATH", "")]
+    paths = [str(root), str(bench / "tt_ext"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "TQDM_DISABLE": "1"}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(bench / "work" / "hf_home"))
     command = [python, "-m", module, "run", "lora_dpo_single_device", "--config", str(config), *overrides]
@@ -102,7 +109,7 @@ def _run(system: str, python: str, bench: Path, size: str, steps: int, rep: int)
     window = logged[WARMUP_STEPS - 1 :]
     seconds = window[-1][1] - window[0][1]
     result = {"pairs_per_second": BATCH_SIZE * (len(window) - 1) / seconds, "peak_rss_mib": peak_mib}
-    if system == "tune":
+    if system != "torchtune":
         result["tokens_per_second"] = common._throughput(logged)
     return result
 
@@ -116,12 +123,22 @@ def main() -> None:
     parser.add_argument("--steps-small", type=int, default=40)
     parser.add_argument("--steps-medium", type=int, default=12)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument(
+        "--tune-root",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="run tune from the checkout (or copy of tune/, recipes/, configs/, pyproject.toml) at PATH as system "
+        "NAME, e.g. before=/tmp/before after=/tmp/after (repeatable; default: this checkout as 'tune')",
+    )
     args = parser.parse_args()
     steps = {"small": args.steps_small, "medium": args.steps_medium}
     if min(steps.values()) <= WARMUP_STEPS + 1:
         parser.error(f"steps must be above {WARMUP_STEPS + 1}: the first {WARMUP_STEPS} steps are warm-up")
     sizes = args.sizes.split(",")
-    systems = {"tune": sys.executable}
+    roots = dict(item.split("=", 1) for item in args.tune_root) or {"tune": str(ROOT)}
+    roots = {name: Path(path).resolve() for name, path in roots.items()}
+    systems = dict.fromkeys(roots, sys.executable)
     if args.torchtune_python:
         systems["torchtune"] = args.torchtune_python
     bench = common._prepare(args.harness.resolve(), args.workdir.resolve(), sizes)
@@ -130,7 +147,8 @@ def main() -> None:
         for size in sizes:
             for system, python in systems.items():
                 print(f"rep {rep + 1}: {system} lora_dpo {size} ...", flush=True)
-                results.setdefault((size, system), []).append(_run(system, python, bench, size, steps[size], rep))
+                root = roots.get(system, ROOT)
+                results.setdefault((size, system), []).append(_run(system, python, bench, size, steps[size], rep, root))
     lines = [
         f"LoRA DPO, batch {BATCH_SIZE} pairs, steps small {steps['small']} / medium {steps['medium']}, "
         f"{args.reps} rep(s); pairs/s over steps {WARMUP_STEPS + 1}..N, mean over reps; ratio = tune / torchtune",

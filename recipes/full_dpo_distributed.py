@@ -7,19 +7,19 @@ Launched by torchrun, one process per device, on one node or many::
         full_dpo_distributed --config llama3_1/8B_full_dpo
 
 Every parameter of the policy is trained on preference pairs with a loss of ``tune.rlhf.loss`` (DPO and its
-hinge/IPO/robust variants, RSO, the reference-free SimPO). The reference model is a frozen copy of the starting
-weights, read by ``ref_checkpointer`` (torchtune's key; point it at the same checkpoint as ``checkpointer``) and
-sharded exactly like the policy (``fully_shard`` per transformer layer and on the root), so that it costs each rank
-one shard of the weights; a reference-free loss builds none. With ``precompute_ref_log_probs: true`` (TRL's name) the
-reference's log-probs of every training pair, and of every validation pair, are computed once before training (each
-rank scores its share of the pairs, the shares are all-gathered so that every rank holds every pair's, and looked up
-by dataset index at each step), then the reference model is released: training holds no reference weights and runs
-one forward pass per micro-batch instead of two. At step 1 the policy equals the reference: the DPO
-loss is ln 2 and every reward is 0. Sequence log-probabilities are sums over the completion tokens (means for IPO
-and SimPO); batches hold the chosen rows then the rejected rows; pairs are not packed. ``batch_size`` is pairs per
-rank; the loss of a step is the mean over the pairs of all ranks and micro-batches (N ranks with batch b train
-exactly like one device with batch N*b), and the metrics under TRL's names are averaged over the same pairs.
-Checkpoints: the policy in its input format, gathered to rank 0 (``output_dir/step_N/``), and the sharded policy,
+hinge/IPO/robust variants, RSO, the reference-free SimPO). The reference model is a frozen copy of the starting weights,
+read by ``ref_checkpointer`` (torchtune's key; point it at the same checkpoint as ``checkpointer``) and sharded exactly
+like the policy (``fully_shard`` per transformer layer and on the root), so that it costs each rank one shard of the
+weights; a reference-free loss builds none. With ``precompute_ref_log_probs: true`` (TRL's name) the reference's
+log-probs of every training pair, and of every validation pair, are computed once before training (each rank scores its
+share of the pairs, the shares are all-gathered so that every rank holds every pair's, and looked up by dataset index at
+each step), then the reference model is released: training holds no reference weights and runs one forward pass per
+micro-batch instead of two. At step 1 the policy equals the reference: the DPO loss is ln 2 and every reward is 0.
+Sequence log-probabilities are sums over the completion tokens (means for IPO and SimPO; only the completion positions
+are projected onto the vocabulary); batches hold the chosen rows then the rejected rows; pairs are not packed.
+``batch_size`` is pairs per rank; the loss of a step is the mean over the pairs of all ranks and micro-batches (N ranks
+with batch b train exactly like one device with batch N*b), and the metrics under TRL's names are averaged over the same
+pairs. Checkpoints: the policy in its input format, gathered to rank 0 (``output_dir/step_N/``), and the sharded policy,
 optimizer and progress for resuming (``output_dir/dcp/step_N/``); the reference is always read again from
 ``ref_checkpointer``. The file keeps the structure of ``full_finetune_distributed.py`` (the wiring) and the
 ``loss_step`` of ``lora_dpo_single_device.py`` (the math), with the reference as a second model.
@@ -471,24 +471,29 @@ class FullDPORecipeDistributed:
             ranks).
         """
         tokens, labels = batch
+        average = self._average_log_probs  # means instead of sums (IPO, SimPO)
         reference = None
         if reference_log_probs is not None:
             reference = (reference_log_probs[:, 0], reference_log_probs[:, 1])
-        elif self._ref_model is not None:  # first, so that its logits are freed before the policy's exist
+        elif self._ref_model is not None:
             with torch.no_grad():
-                reference_logits = self._ref_model(tokens)
-                reference = rlhf.get_batch_log_probs(
-                    reference_logits, labels, return_average_logprobs=self._average_log_probs
-                ).chunk(2)
-                del reference_logits
-        with self._activations_ctx:
-            logits = self._model(tokens)
-        policy = rlhf.get_batch_log_probs(logits, labels, return_average_logprobs=self._average_log_probs).chunk(2)
+                reference = rlhf.model_sequence_log_probs(self._ref_model, tokens, labels, average_log_probs=average)
+                reference = reference.log_probs.chunk(2)
+        with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
+            scores = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+        policy = scores.log_probs.chunk(2)
         if reference is None:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy)
         else:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy, *reference)
-        metrics.update(chosen_rewards, rejected_rewards, policy[0].detach(), policy[1].detach(), logits, labels)
+        metrics.update(
+            chosen_rewards,
+            rejected_rewards,
+            policy[0].detach(),
+            policy[1].detach(),
+            logit_sums=scores.logit_sums,
+            num_tokens=scores.num_tokens,
+        )
         return losses.sum()
 
     def train(self) -> None:

@@ -6,20 +6,20 @@ Launched by torchrun, one process per device, on one node or many::
     tune run --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \\
         lora_dpo_distributed --config llama3_3/70B_lora_dpo
 
-Trains LoRA adapters on preference pairs with a loss of ``tune.rlhf.loss`` (DPO and its hinge/IPO/robust variants,
-RSO, the reference-free SimPO), as ``lora_dpo_single_device`` does: the reference model is the policy with its
-adapters disabled (no second copy of the weights), sequence log-probabilities are sums over the completion tokens
-(means for IPO and SimPO), batches hold the chosen rows then the rejected rows, and pairs are not packed. With
-``precompute_ref_log_probs: true`` the reference's log-probs of every training pair are computed once before
-training, each rank scoring its share of the pairs and the shares all-gathered, so that every rank looks up any pair
-by its dataset index at each step (validation pairs still run the reference, as on one device). The model
-is sharded as in ``lora_finetune_distributed`` (built on the meta device, adapters drawn from one seed on every
-rank, ``fully_shard`` per transformer layer and on the root, each rank loading only its shards). ``batch_size`` is
-pairs per rank; the loss of a step is the mean over the pairs of all ranks and micro-batches, so N ranks with batch
-b train exactly like one device with batch N*b, and the metrics (TRL's names: ``rewards/chosen``,
-``rewards/accuracies``, ``logps/chosen``, ...) are averaged over the same pairs. Checkpoints: the adapter in the
-Hugging Face PEFT format and the merged model, gathered to rank 0 (``output_dir/step_N/``), and the sharded adapter
-and optimizer state for resuming (``output_dir/dcp/step_N/``). The file keeps the structure of
+Trains LoRA adapters on preference pairs with a loss of ``tune.rlhf.loss`` (DPO and its hinge/IPO/robust variants, RSO,
+the reference-free SimPO), as ``lora_dpo_single_device`` does: the reference model is the policy with its adapters
+disabled (no second copy of the weights), sequence log-probabilities are sums over the completion tokens (means for IPO
+and SimPO; only the completion positions are projected onto the vocabulary), batches hold the chosen rows then the
+rejected rows, and pairs are not packed. With ``precompute_ref_log_probs: true`` the reference's log-probs of every
+training pair are computed once before training, each rank scoring its share of the pairs and the shares all-gathered,
+so that every rank looks up any pair by its dataset index at each step (validation pairs still run the reference, as on
+one device). The model is sharded as in ``lora_finetune_distributed`` (built on the meta device, adapters drawn from one
+seed on every rank, ``fully_shard`` per transformer layer and on the root, each rank loading only its shards).
+``batch_size`` is pairs per rank; the loss of a step is the mean over the pairs of all ranks and micro-batches, so N
+ranks with batch b train exactly like one device with batch N*b, and the metrics (TRL's names: ``rewards/chosen``,
+``rewards/accuracies``, ``logps/chosen``, ...) are averaged over the same pairs. Checkpoints: the adapter in the Hugging
+Face PEFT format and the merged model, gathered to rank 0 (``output_dir/step_N/``), and the sharded adapter and
+optimizer state for resuming (``output_dir/dcp/step_N/``). The file keeps the structure of
 ``lora_finetune_distributed.py`` (the wiring) and the ``loss_step`` of ``lora_dpo_single_device.py`` (the math).
 """
 
@@ -311,16 +311,18 @@ class LoRADPORecipeDistributed:
             utils.log_rank_zero(log, message, logging.WARNING)
         elif self._precompute_reference:
             pairs = self._dataloader.dataset.dataset  # IndexedPairs around the pairs
-            # a collective: every rank scores its share of the pairs (sharded forward passes), then all hold all
-            self._reference_table = rlhf.precompute_reference_log_probs(
-                self._reference_logits,
-                pairs,
-                self._collate,
-                batch_size=cfg.batch_size,
-                device=self._device,
-                average_log_probs=self._average_log_probs,
-                process_group=self._mesh["dp_shard"].get_group(),
-            )
+            # a collective: every rank scores its share of the pairs (sharded forward passes), then all hold all;
+            # the reference is the policy with its adapters disabled
+            with disable_adapter(self._model):
+                self._reference_table = rlhf.precompute_reference_log_probs(
+                    self._model,
+                    pairs,
+                    self._collate,
+                    batch_size=cfg.batch_size,
+                    device=self._device,
+                    average_log_probs=self._average_log_probs,
+                    process_group=self._mesh["dp_shard"].get_group(),
+                )
             log_info(
                 "Reference log-probabilities of %d training pairs computed once, over %d ranks.",
                 len(pairs),
@@ -479,31 +481,31 @@ class LoRADPORecipeDistributed:
             ranks).
         """
         tokens, labels = batch
+        average = self._average_log_probs  # means instead of sums (IPO, SimPO)
         reference = None
         if self._reference_table is not None and indices is not None:
             looked_up = self._reference_table[indices.to(self._device)]  # [b, 2]: every rank holds every pair
             reference = (looked_up[:, 0], looked_up[:, 1])
-        elif not self._reference_free:  # first, so that its logits are freed before the policy's exist
-            with torch.no_grad():
-                reference_logits = self._reference_logits(tokens)
-                reference = rlhf.get_batch_log_probs(
-                    reference_logits, labels, return_average_logprobs=self._average_log_probs
-                ).chunk(2)
-                del reference_logits
-        with self._activations_ctx:
-            logits = self._model(tokens)
-        policy = rlhf.get_batch_log_probs(logits, labels, return_average_logprobs=self._average_log_probs).chunk(2)
+        elif not self._reference_free:  # the policy with its adapters disabled (its output layer's too)
+            with torch.no_grad(), disable_adapter(self._model):
+                reference = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+                reference = reference.log_probs.chunk(2)
+        with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
+            scores = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+        policy = scores.log_probs.chunk(2)
         if reference is None:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy)
         else:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy, *reference)
-        metrics.update(chosen_rewards, rejected_rewards, policy[0].detach(), policy[1].detach(), logits, labels)
+        metrics.update(
+            chosen_rewards,
+            rejected_rewards,
+            policy[0].detach(),
+            policy[1].detach(),
+            logit_sums=scores.logit_sums,
+            num_tokens=scores.num_tokens,
+        )
         return losses.sum()
-
-    def _reference_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The reference model's logits: the policy with its adapters disabled."""
-        with disable_adapter(self._model):
-            return self._model(tokens)
 
     def train(self) -> None:
         """Runs the epochs: accumulate, clip, step, log, validate and save. Stops on a non-finite loss."""

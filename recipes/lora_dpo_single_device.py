@@ -1,15 +1,16 @@
 """LoRA Direct Preference Optimization (DPO) of a language model on one device (CPU, one GPU or Apple MPS).
 
 Trains LoRA adapters on preference pairs (a prompt, a chosen and a rejected completion) with a preference loss from
-``tune.rlhf.loss``: DPO (``loss_type`` sigmoid, hinge, IPO or robust), RSO, or the reference-free SimPO. The
-reference model is the policy with its adapters disabled (``tune.modules.peft.disable_adapter``): no second copy of
-the weights; with ``precompute_ref_log_probs: true`` its log-probs of every training pair are computed once, before
-training, and looked up at each step. Sequence log-probabilities are sums over the completion tokens (means for IPO
-and SimPO), from batches laid out chosen rows first, then rejected rows (``tune.data.padded_collate_dpo``); packing
-is not supported. The loss of a step is the mean over all of its pairs (every micro-batch), and the metrics carry
-TRL's names (``rewards/chosen``, ``rewards/accuracies``, ``logps/chosen``, ``logits/chosen``, ...) averaged over the
-same pairs. Outputs are those of ``lora_finetune_single_device``: the adapter in the Hugging Face PEFT format and
-the merged model.
+``tune.rlhf.loss``: DPO (``loss_type`` sigmoid, hinge, IPO or robust), RSO, or the reference-free SimPO. The reference
+model is the policy with its adapters disabled (``tune.modules.peft.disable_adapter``): no second copy of the weights;
+with ``precompute_ref_log_probs: true`` its log-probs of every training pair are computed once, before training, and
+looked up at each step. Sequence log-probabilities are sums over the completion tokens (means for IPO and SimPO; the
+model returns hidden states and only the completion positions are projected onto the vocabulary,
+``tune.rlhf.model_sequence_log_probs``), from batches laid out chosen rows first, then rejected rows
+(``tune.data.padded_collate_dpo``); packing is not supported. The loss of a step is the mean over all of its pairs
+(every micro-batch), and the metrics carry TRL's names (``rewards/chosen``, ``rewards/accuracies``, ``logps/chosen``,
+``logits/chosen``, ...) averaged over the same pairs. Outputs are those of ``lora_finetune_single_device``: the adapter
+in the Hugging Face PEFT format and the merged model.
 
 The file reads top to bottom: ``__init__`` reads and checks the config, ``setup`` builds the pieces, ``train``
 holds the loop, ``loss_step`` computes the loss of one micro-batch of pairs, ``save_checkpoint`` writes
@@ -207,14 +208,15 @@ class LoRADPORecipeSingleDevice:
             )
         elif self._precompute_reference:
             pairs = self._dataloader.dataset.dataset  # IndexedPairs around the pairs
-            self._reference_table = rlhf.precompute_reference_log_probs(
-                self._reference_logits,
-                pairs,
-                self._collate,
-                batch_size=cfg.batch_size,
-                device=self._device,
-                average_log_probs=self._average_log_probs,
-            )
+            with disable_adapter(self._model):  # the reference: the policy with its adapters disabled
+                self._reference_table = rlhf.precompute_reference_log_probs(
+                    self._model,
+                    pairs,
+                    self._collate,
+                    batch_size=cfg.batch_size,
+                    device=self._device,
+                    average_log_probs=self._average_log_probs,
+                )
             log.info("Reference log-probabilities of %d training pairs computed once.", len(pairs))
         self._val_dataloader = None
         if cfg.dataset_val is not None:
@@ -341,31 +343,31 @@ class LoRADPORecipeSingleDevice:
             torch.Tensor: the SUM of the per-pair losses (the loop divides by the pairs of the whole step).
         """
         tokens, labels = batch
+        average = self._average_log_probs  # means instead of sums (IPO, SimPO)
         reference = None
         if self._reference_table is not None and indices is not None:
             looked_up = self._reference_table[indices.to(self._device)]  # [b, 2]
             reference = (looked_up[:, 0], looked_up[:, 1])
-        elif not self._reference_free:  # first, so that its logits are freed before the policy's exist
-            with torch.no_grad():
-                reference_logits = self._reference_logits(tokens)
-                reference = rlhf.get_batch_log_probs(
-                    reference_logits, labels, return_average_logprobs=self._average_log_probs
-                ).chunk(2)
-                del reference_logits
-        with self._activations_ctx:
-            logits = self._model(tokens)
-        policy = rlhf.get_batch_log_probs(logits, labels, return_average_logprobs=self._average_log_probs).chunk(2)
+        elif not self._reference_free:  # the policy with its adapters disabled (its output layer's too)
+            with torch.no_grad(), disable_adapter(self._model):
+                reference = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+                reference = reference.log_probs.chunk(2)
+        with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
+            scores = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+        policy = scores.log_probs.chunk(2)
         if reference is None:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy)
         else:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy, *reference)
-        metrics.update(chosen_rewards, rejected_rewards, policy[0].detach(), policy[1].detach(), logits, labels)
+        metrics.update(
+            chosen_rewards,
+            rejected_rewards,
+            policy[0].detach(),
+            policy[1].detach(),
+            logit_sums=scores.logit_sums,
+            num_tokens=scores.num_tokens,
+        )
         return losses.sum()
-
-    def _reference_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The reference model's logits: the policy with its adapters disabled."""
-        with disable_adapter(self._model):
-            return self._model(tokens)
 
     def train(self) -> None:
         """Runs the epochs: accumulate, clip, step, log, validate and save. Stops on a non-finite loss."""

@@ -1,5 +1,6 @@
-"""Alignment after supervised fine-tuning (torchtune's ``torchtune.rlhf``): sequence log-probabilities, masked
-statistics and the preference metrics; the losses live in :mod:`tune.rlhf.loss`.
+"""Alignment after supervised fine-tuning (torchtune's ``torchtune.rlhf``): sequence log-probabilities (from logits, or
+from hidden states projecting only the completions), masked statistics and the preference metrics; the losses live in
+:mod:`tune.rlhf.loss`.
 """
 
 from tune.rlhf._data import PREFERENCE_KEYS, check_preference_dataset
@@ -18,9 +19,13 @@ from tune.rlhf._rewards import (
     score_completions,
 )
 from tune.rlhf._sequence_processing import (
+    SequenceLogProbs,
+    completion_logit_sums,
     get_batch_log_probs,
     get_reward_penalty_mask,
     logits_to_logprobs,
+    model_sequence_log_probs,
+    sequence_log_probs,
     truncate_sequence_at_first_stop_token,
     truncate_sequence_for_logprobs,
 )
@@ -48,9 +53,13 @@ __all__ = [
     "PREFERENCE_KEYS",
     "PreferenceMetrics",
     "check_preference_dataset",
+    "SequenceLogProbs",
+    "completion_logit_sums",
     "get_batch_log_probs",
     "get_reward_penalty_mask",
     "logits_to_logprobs",
+    "model_sequence_log_probs",
+    "sequence_log_probs",
     "masked_mean",
     "masked_var",
     "truncate_sequence_at_first_stop_token",

@@ -5,6 +5,7 @@ from collections.abc import Callable
 import torch
 
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
+from tune.rlhf._sequence_processing import completion_logit_sums
 
 # slots of the running sums
 _PAIRS, _CHOSEN_REWARD, _REJECTED_REWARD, _CORRECT, _CHOSEN_LOGPS, _REJECTED_LOGPS = range(6)
@@ -38,19 +39,36 @@ class PreferenceMetrics:
         logits: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
+        *,
+        logit_sums: torch.Tensor | None = None,
+        num_tokens: torch.Tensor | None = None,
     ) -> None:
         """Adds one micro-batch of pairs.
+
+        The logits metrics come from the full ``logits`` and ``labels``, or from their per-row reductions
+        ``logit_sums`` and ``num_tokens`` (``tune.rlhf.sequence_log_probs`` computes those without the full logits).
 
         Args:
             chosen_rewards (torch.Tensor): ``[b]`` from the loss.
             rejected_rewards (torch.Tensor): ``[b]`` from the loss.
             chosen_log_probs (torch.Tensor): ``[b]`` policy log-probabilities of the chosen completions.
             rejected_log_probs (torch.Tensor): ``[b]``, of the rejected completions.
-            logits (torch.Tensor | None): the policy's logits ``[2b, s, v]``, chosen rows first (None: the logits
-                metrics are left out).
+            logits (torch.Tensor | None): the policy's logits ``[2b, s, v]``, chosen rows first (None, and no
+                ``logit_sums``: the logits metrics are left out).
             labels (torch.Tensor | None): ``[2b, s]`` labels of those rows (not shifted).
             ignore_index (int): the label of positions outside the completions. Default -100.
+            logit_sums (torch.Tensor | None): ``[2b]`` per row, the sum over its completion positions of the
+                vocabulary-mean logit (instead of ``logits``), chosen rows first.
+            num_tokens (torch.Tensor | None): ``[2b]`` completion tokens of each row, with ``logit_sums``.
+
+        Raises:
+            ValueError: when ``logits`` and ``logit_sums`` are both given, or only one of ``logit_sums`` and
+                ``num_tokens``.
         """
+        if logits is not None and logit_sums is not None:
+            raise ValueError("PreferenceMetrics.update takes the logits or their logit_sums, not both.")
+        if (logit_sums is None) != (num_tokens is None):
+            raise ValueError("PreferenceMetrics.update needs logit_sums and num_tokens together.")
         sums = torch.stack(
             [
                 torch.ones_like(chosen_rewards).sum(),  # the pair count, without a host-to-device copy
@@ -62,14 +80,12 @@ class PreferenceMetrics:
             ]
         ).to(self._sums)
         self._sums[:_CHOSEN_LOGITS] += sums
-        if logits is None or labels is None:
+        if logits is not None and labels is not None:
+            logit_sums, num_tokens = completion_logit_sums(logits, labels.to(logits.device), ignore_index)
+        if logit_sums is None:
             return
-        # position t predicts label t + 1: the logits of the completion tokens
-        mask = (labels[:, 1:] != ignore_index).to(self._sums.device)
-        mean_logits = logits[:, :-1].float().mean(dim=-1) * mask  # [2b, s - 1]
-        per_row_logits, per_row_tokens = mean_logits.sum(dim=-1), mask.sum(dim=-1)
-        chosen_logits, rejected_logits = per_row_logits.chunk(2)
-        chosen_tokens, rejected_tokens = per_row_tokens.chunk(2)
+        chosen_logits, rejected_logits = logit_sums.detach().chunk(2)
+        chosen_tokens, rejected_tokens = num_tokens.chunk(2)
         self._sums[_CHOSEN_LOGITS:] += torch.stack(
             [chosen_logits.sum(), chosen_tokens.sum(), rejected_logits.sum(), rejected_tokens.sum()]
         ).to(self._sums)

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from tune.rlhf._sequence_processing import get_batch_log_probs
+from tune.rlhf._sequence_processing import model_sequence_log_probs
 
 
 class IndexedPairs(Dataset):
@@ -52,7 +53,7 @@ def collate_with_indices(collate: Callable[[list[Any]], Sequence[torch.Tensor]])
 
 @torch.no_grad()
 def precompute_reference_log_probs(
-    reference_logits: Callable[[torch.Tensor], torch.Tensor],
+    reference_logits: nn.Module | Callable[[torch.Tensor], torch.Tensor],
     pairs: Dataset,
     collate: Callable[[list[Any]], Sequence[torch.Tensor]],
     *,
@@ -70,8 +71,11 @@ def precompute_reference_log_probs(
     repeated so that the shards have equal lengths) is scored twice and kept once.
 
     Args:
-        reference_logits (Callable[[torch.Tensor], torch.Tensor]): tokens ``[2b, s]`` -> the reference model's
-            logits ``[2b, s, v]`` (for LoRA, the model under ``disable_adapter``).
+        reference_logits (nn.Module | Callable[[torch.Tensor], torch.Tensor]): the reference model, or a function
+            of the tokens ``[2b, s]`` returning its logits ``[2b, s, v]``. A decoder with ``output`` and
+            ``skip_output_layer`` (any ``tune`` model) is scored from its hidden states, only the completion
+            positions projected (:func:`~tune.rlhf.model_sequence_log_probs`). For LoRA, call this function under
+            ``disable_adapter(model)``.
         pairs (Dataset): the preference pairs (not indexed).
         collate (Callable): their collate, returning ``(tokens, labels)`` with chosen rows first, then rejected.
         batch_size (int): pairs per forward pass (per rank).
@@ -93,10 +97,10 @@ def precompute_reference_log_probs(
     values = [torch.empty(0, 2, dtype=torch.float32, device=device)]  # [b, 2] per batch: chosen, rejected
     indices = [torch.empty(0, dtype=torch.long)]  # the pairs' dataset indices [b] per batch
     for tokens, labels, batch_indices in loader:
-        logits = reference_logits(tokens.to(device))
-        log_probs = get_batch_log_probs(logits, labels.to(device), return_average_logprobs=average_log_probs)
-        del logits
-        values.append(torch.stack(log_probs.float().chunk(2), dim=1))
+        scores = model_sequence_log_probs(
+            reference_logits, tokens.to(device), labels.to(device), average_log_probs=average_log_probs
+        )
+        values.append(torch.stack(scores.log_probs.float().chunk(2), dim=1))
         indices.append(batch_indices)
     values, indices = torch.cat(values), torch.cat(indices).to(device)
     if process_group is not None:  # every shard has the same length: one all-gather of each

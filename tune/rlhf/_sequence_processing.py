@@ -4,10 +4,20 @@ Shapes: ``b`` sequences, ``s`` positions, ``v`` vocabulary entries. Labels follo
 ``tune.data``: aligned with the tokens (not shifted), ``-100`` where no log-probability is taken.
 """
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+from torch.utils.checkpoint import checkpoint
 
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
+from tune.modules import TiedLinear
+
+# completion positions projected onto the vocabulary at once: 2,048 x a 128k vocabulary is 1 GiB of fp32 logits
+COMPLETION_CHUNK_SIZE = 2048
 
 
 def truncate_sequence_at_first_stop_token(
@@ -103,6 +113,237 @@ def get_batch_log_probs(
         return summed
     num_tokens = (targets != label_pad_token_id).sum(dim=-1)
     return summed / num_tokens.clamp(min=1)
+
+
+class SequenceLogProbs(NamedTuple):
+    """The log-probabilities of a batch's completions, and what the logits metrics need of them.
+
+    Attributes:
+        log_probs (torch.Tensor): ``[b]`` float32 summed (or averaged) log-probabilities of each row's labelled
+            tokens, attached to the graph when the model's output is.
+        logit_sums (torch.Tensor): ``[b]`` float32, detached: the sum over the row's labelled positions of the
+            logits averaged over the vocabulary (what ``PreferenceMetrics`` turns into ``logits/chosen``).
+        num_tokens (torch.Tensor): ``[b]`` int64 number of labelled tokens of each row.
+    """
+
+    log_probs: torch.Tensor
+    logit_sums: torch.Tensor
+    num_tokens: torch.Tensor
+
+
+def completion_logit_sums(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the sum of the vocabulary-mean logit over the positions that predict a label, and their count.
+
+    Args:
+        logits (torch.Tensor): ``[b, s, v]``.
+        labels (torch.Tensor): ``[b, s]``, not shifted; ``ignore_index`` where no token is scored.
+        ignore_index (int): the ignored label. Default -100.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``[b]`` float32 sums (detached) and ``[b]`` int64 token counts.
+    """
+    mask = labels[:, 1:] != ignore_index  # position t predicts label t + 1
+    mean_logits = logits[:, :-1].detach().float().mean(dim=-1) * mask  # [b, s - 1]
+    return mean_logits.sum(dim=-1), mask.sum(dim=-1)
+
+
+def sequence_log_probs(
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    projection: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    average_log_probs: bool = False,
+    ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
+    chunk_size: int = COMPLETION_CHUNK_SIZE,
+    select_labelled: bool | None = None,
+) -> SequenceLogProbs:
+    """:func:`get_batch_log_probs` and the logits metrics from a decoder's final hidden states, projecting only
+    the positions that predict a label (the completions of preference pairs) onto the vocabulary.
+
+    The hidden states of the labelled positions are gathered and projected ``chunk_size`` positions at a time; each
+    chunk's logits are upcast to float32 (at least), log-softmaxed, and dropped: no ``[b, s, v]`` tensor exists.
+    Under autograd a chunk's logits are not kept for backward either: for a frozen plain weight (``nn.Linear``
+    without bias, or an embedding-tied :class:`~tune.modules.TiedLinear` without soft-capping) the gradient with
+    respect to the hidden states is computed in the forward pass; any other projection (a LoRA output layer, a
+    trained weight) runs each chunk under activation checkpointing, so backward projects it again. Same values as
+    ``get_batch_log_probs(projection(hidden), labels)`` and ``completion_logit_sums``, to float32 rounding.
+
+    On CPU only the labelled positions are gathered and projected. Gathering them reads their number, which on an
+    accelerator is a host-device synchronisation inside the step: there every position is projected (still
+    ``chunk_size`` at a time) and the unlabelled ones are zeroed, the same values without the synchronisation.
+
+    Args:
+        hidden (torch.Tensor): ``[b, s, d]`` final hidden states (a decoder run with ``skip_output_layer``).
+        labels (torch.Tensor): ``[b, s]``, aligned with the tokens (not shifted); ``ignore_index`` where no
+            log-probability is taken.
+        projection (Callable[[torch.Tensor], torch.Tensor]): ``[n, d] -> [n, v]`` logits, e.g. ``model.output``.
+        average_log_probs (bool): the mean over the labelled tokens instead of the sum (0 for a row without any),
+            as IPO and SimPO use. Default False.
+        ignore_index (int): the ignored label. Default -100.
+        chunk_size (int): labelled positions projected at once. Default 2048.
+        select_labelled (bool | None): project the labelled positions only (True) or every position (False);
+            None (default) selects on CPU only, as said above.
+
+    Returns:
+        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]``.
+
+    Raises:
+        ValueError: when ``hidden`` is not ``[*labels.shape, d]`` or ``chunk_size`` is not positive.
+    """
+    if hidden.dim() != 3 or hidden.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"sequence_log_probs needs hidden states [b, s, d] and labels [b, s] with the same b and s; got hidden "
+            f"{tuple(hidden.shape)} and labels {tuple(labels.shape)}."
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive number of positions, got {chunk_size}.")
+    num_rows, seq_len, dim = hidden.shape
+    scored = labels[:, 1:] != ignore_index  # [b, s - 1]: position t predicts label t + 1
+    if select_labelled is None:
+        select_labelled = hidden.device.type == "cpu"
+    if select_labelled:
+        rows, columns = scored.nonzero(as_tuple=True)  # the labelled positions, row by row
+    else:  # every position, in the same row-major order (no data-dependent shape)
+        rows = torch.arange(num_rows, device=labels.device).repeat_interleave(seq_len - 1)
+        columns = torch.arange(seq_len - 1, device=labels.device).repeat(num_rows)
+    selected = hidden.reshape(-1, dim).index_select(0, rows * seq_len + columns)  # [n, d]
+    targets = labels[rows, columns + 1]  # [n]
+    keep = scored[rows, columns]  # all True when selected
+    token_log_probs, mean_logits = _project_log_probs(selected, targets.masked_fill(~keep, 0), projection, chunk_size)
+    if not select_labelled:  # the unlabelled positions count for nothing (their gradient is zeroed too)
+        token_log_probs, mean_logits = token_log_probs * keep, mean_logits * keep
+    # back on the [b, s - 1] grid (0 elsewhere) and summed per row, as get_batch_log_probs sums
+    flat = rows * (seq_len - 1) + columns
+    grid = token_log_probs.new_zeros(num_rows * (seq_len - 1))
+    log_probs = grid.index_copy(0, flat, token_log_probs).view(num_rows, seq_len - 1).sum(dim=-1)
+    logit_sums = grid.index_copy(0, flat, mean_logits).view(num_rows, seq_len - 1).sum(dim=-1)
+    num_tokens = scored.sum(dim=-1)
+    if average_log_probs:
+        log_probs = log_probs / num_tokens.clamp(min=1)
+    return SequenceLogProbs(log_probs, logit_sums.float(), num_tokens)
+
+
+def model_sequence_log_probs(
+    model: nn.Module | Callable[[torch.Tensor], torch.Tensor],
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    average_log_probs: bool = False,
+    ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
+) -> SequenceLogProbs:
+    """Runs ``model`` on ``tokens`` and scores the labelled tokens (the completions): :class:`SequenceLogProbs`.
+
+    A decoder with an ``output`` projection and a ``skip_output_layer`` switch (every ``tune`` model) returns its
+    hidden states for this call and only the labelled positions are projected (:func:`sequence_log_probs`). Any
+    other module or callable (a user's own model) is taken to return logits ``[b, s, v]``, scored with
+    :func:`get_batch_log_probs` and :func:`completion_logit_sums`. The reference model of LoRA DPO is the call
+    under ``tune.modules.peft.disable_adapter(model)``: the projection runs inside it too.
+
+    Args:
+        model (nn.Module | Callable): the decoder (or a function of the tokens returning logits).
+        tokens (torch.Tensor): ``[b, s]`` token ids.
+        labels (torch.Tensor): ``[b, s]``, not shifted; ``ignore_index`` outside the completions.
+        average_log_probs (bool): means over the labelled tokens instead of sums (IPO, SimPO). Default False.
+        ignore_index (int): the ignored label. Default -100.
+
+    Returns:
+        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]``.
+    """
+    projection = getattr(model, "output", None)
+    if projection is None or not hasattr(model, "skip_output_layer"):
+        logits = model(tokens)
+        log_probs = get_batch_log_probs(logits, labels, ignore_index, return_average_logprobs=average_log_probs)
+        return SequenceLogProbs(log_probs, *completion_logit_sums(logits, labels, ignore_index))
+    previous = model.skip_output_layer
+    model.skip_output_layer = True
+    try:
+        hidden = model(tokens)
+    finally:
+        model.skip_output_layer = previous
+    return sequence_log_probs(
+        hidden, labels, projection, average_log_probs=average_log_probs, ignore_index=ignore_index
+    )
+
+
+def _project_log_probs(
+    hidden: torch.Tensor, targets: torch.Tensor, projection: Callable, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # per position [n]: log p(target) and the vocabulary-mean logit, both float32 (at least)
+    weight = _frozen_plain_weight(projection)
+    if weight is not None and torch.is_grad_enabled() and hidden.requires_grad:
+        return _FrozenProjectionLogProbs.apply(hidden, weight, targets, chunk_size)
+    log_probs, mean_logits = [], []
+    # split() of zero positions gives one empty chunk: the results keep their shapes, dtypes and graph
+    for hidden_chunk, target_chunk in zip(hidden.split(chunk_size), targets.split(chunk_size)):
+        if torch.is_grad_enabled():
+            # backward projects the chunk again instead of keeping its [n, v] log-softmax
+            chunk = checkpoint(_chunk_log_probs, projection, hidden_chunk, target_chunk, use_reentrant=False)
+        else:
+            chunk = _chunk_log_probs(projection, hidden_chunk, target_chunk)
+        log_probs.append(chunk[0])
+        mean_logits.append(chunk[1])
+    return torch.cat(log_probs), torch.cat(mean_logits)
+
+
+def _chunk_log_probs(
+    projection: Callable, hidden: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = projection(hidden)  # [n, v] in the model dtype, as the output layer computes it
+    if hasattr(logits, "full_tensor"):  # a DTensor from a tensor-parallel output layer
+        logits = logits.full_tensor()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    log_probs = F.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
+    return log_probs, logits.detach().mean(dim=-1)
+
+
+def _frozen_plain_weight(projection: Callable) -> torch.Tensor | None:
+    """The weight of a projection that computes exactly ``x @ weight.T`` with a weight that is not trained."""
+    if type(projection) is nn.Linear and projection.bias is None:  # not subclasses: they may change forward
+        weight = projection.weight
+    elif type(projection) is TiedLinear and projection.softcapping is None:
+        weight = projection.weight
+    else:
+        return None
+    if projection._forward_hooks or projection._forward_pre_hooks:
+        return None  # hooks (a user's, FSDP's) must see the module called
+    if type(weight) not in (torch.Tensor, nn.Parameter) or weight.requires_grad:  # DTensor, NF4; trained
+        return None
+    return weight
+
+
+class _FrozenProjectionLogProbs(torch.autograd.Function):
+    """Per-position log-probabilities through a frozen ``[v, d]`` weight, with d(log p)/d(hidden) computed in
+    the forward pass, chunk by chunk: ``(one_hot(target) - softmax) @ weight``. Backward only scales those rows by
+    the incoming gradient, so no chunk's logits are kept or projected again."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_size):  # noqa: D102 (class docstring)
+        log_probs, mean_logits, grads = [], [], []
+        # split() of zero positions gives one empty chunk: the results keep their shapes and dtypes
+        for hidden_chunk, target_chunk in zip(hidden.split(chunk_size), targets.split(chunk_size)):
+            logits = torch.mm(hidden_chunk, weight.t())  # [n, v] in the model dtype
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            mean_logits.append(logits.mean(dim=-1))
+            chunk_log_probs = F.log_softmax(logits, dim=-1)
+            del logits
+            log_probs.append(chunk_log_probs.gather(1, target_chunk[:, None]).squeeze(1))
+            # softmax - one_hot(target) = -d(log p)/d(logits), built in place of the log-softmax
+            minus_grad = chunk_log_probs.exp_()
+            minus_grad.scatter_add_(1, target_chunk[:, None], minus_grad.new_full((target_chunk.numel(), 1), -1.0))
+            grads.append(torch.mm(minus_grad.to(weight.dtype), weight).neg_())  # [n, d]
+            del chunk_log_probs, minus_grad
+        ctx.save_for_backward(torch.cat(grads))
+        mean_logits = torch.cat(mean_logits)
+        ctx.mark_non_differentiable(mean_logits)
+        return torch.cat(log_probs), mean_logits
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_log_probs, grad_mean_logits):  # noqa: D102
+        (grad_hidden,) = ctx.saved_tensors
+        return grad_hidden * grad_log_probs[:, None].to(grad_hidden.dtype), None, None, None
 
 
 def truncate_sequence_for_logprobs(query_response_logits: torch.Tensor, context_length: int) -> torch.Tensor:
