@@ -1,7 +1,7 @@
 """Gemma 2 tokenizer: Gemma's (``tune.models.gemma.GemmaTokenizer``: one SentencePiece model and chat format)."""
 
 from tune.data._tokenizers import PromptTemplate
-from tune.models.gemma import GemmaTokenizer
+from tune.models.gemma import GemmaTokenizer, gemma_tokenizer
 
 
 def gemma2_tokenizer(
@@ -24,5 +24,4 @@ def gemma2_tokenizer(
     return GemmaTokenizer(path, max_seq_len, prompt_template)
 
 
-# torchtune's name for the same builder
-gemma_tokenizer = gemma2_tokenizer
+__all__ = ["GemmaTokenizer", "gemma2_tokenizer", "gemma_tokenizer"]  # gemma_tokenizer: the name torchtune's configs use
