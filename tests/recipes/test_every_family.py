@@ -10,7 +10,7 @@ What is checked, per (family, method):
 
 - train: 4 steps, a checkpoint after each;
 - resume: from the step-2 checkpoint, the losses of steps 3 and 4 equal the uninterrupted run's, and so do the
-  final weights (for each family's LoRA config in the default tier, for the others in the slow tier);
+  final weights (every shipped single-device, DPO and KD config in the default tier);
 - transformers: ``AutoModelForCausalLM.from_pretrained(step_4)`` loads with no missing, unexpected or resized
   weight;
 - PEFT (LoRA, QLoRA): ``PeftModel.from_pretrained(base, step_4/adapter)`` gives the merged checkpoint's logits.
@@ -18,6 +18,8 @@ What is checked, per (family, method):
   the adapter on the quantised base, and the merged checkpoint is that base plus the adapter). The LoRA runs
   start from a random PEFT adapter (``checkpointer.adapter_checkpoint``) so that after 4 warm-up steps of the
   shipped schedule the adapter still changes the logits far beyond the tolerance.
+
+The distributed configs (2 gloo ranks) run the same checks; ``DEFAULT_TIER_DIST`` says which are in the default tier.
 """
 
 import functools
@@ -188,21 +190,9 @@ def _check_peft(family: str, method: str, data: Path, step_dir: Path, lora: dict
 
 
 def _resume_params() -> list:
-    """(family, method, resume) per shipped single-device config. The resume check runs in the default tier for
-    each family's LoRA config (its only LoRA-kind config for llama3_3), and for the others in the slow tier: the
-    resume path is the recipe's and the checkpointer's, shared by the methods, while training and loading in
-    transformers stay per config in the default tier, except for ``VARIANT_FAMILIES`` (slow tier)."""
-    params = []
-    for family, method in SINGLE_CASES:
-        configs = assets.FAMILIES[family].configs
-        if method == "lora" or (method == "qlora" and "lora" not in configs):
-            params.append(pytest.param(family, method, True, id=f"{family}-{method}"))
-        elif family in assets.VARIANT_FAMILIES:  # train, load and resume in the slow tier
-            params.append(pytest.param(family, method, True, id=f"{family}-{method}", marks=pytest.mark.slow))
-        else:
-            params.append(pytest.param(family, method, False, id=f"{family}-{method}"))
-            params.append(pytest.param(family, method, True, id=f"{family}-{method}-resume", marks=pytest.mark.slow))
-    return params
+    """(family, method, resume) per shipped single-device config: every one trains, loads in transformers (and
+    PEFT) and resumes in the default tier (a tiny run forks from tests/recipes/_zygote.py: ~2.5 s)."""
+    return [pytest.param(family, method, True, id=f"{family}-{method}") for family, method in SINGLE_CASES]
 
 
 @pytest.mark.parametrize("family, method, resume", _resume_params())
@@ -236,8 +226,22 @@ def test_shipped_single_device_config_trains_resumes_and_loads_in_hf(family_asse
     _check_resumed(resumed_out, uninterrupted, trained)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family, method", DIST_CASES, ids=[f"{f}-{m}" for f, m in DIST_CASES])
+# the distributed configs that run in the default tier (2 gloo ranks, ~20 s of CPU each): one LoRA config per
+# family whose blocks no other family's case covers, and both of each MoE family's; the others in the slow tier
+DEFAULT_TIER_DIST = {
+    *[(f, "lora") for f in ("llama2", "gemma", "gemma2", "gemma3", "qwen2_5", "qwen3", "llama4")],
+    ("qwen3_moe", "full"),
+    ("qwen3_moe", "lora"),
+}
+
+
+@pytest.mark.parametrize(
+    "family, method",
+    [
+        pytest.param(f, m, id=f"{f}-{m}", marks=() if (f, m) in DEFAULT_TIER_DIST else pytest.mark.slow)
+        for f, m in DIST_CASES
+    ],
+)
 def test_shipped_distributed_config_trains_resumes_and_loads_in_hf(family_assets, tmp_path, family, method):
     spec = assets.FAMILIES[family]
     data = family_assets(family)
@@ -295,10 +299,7 @@ DPO_RECIPE, DPO_STEPS = "lora_dpo_single_device", 2
 DPO_CASES = sorted(assets.DPO_CONFIGS)
 
 
-@pytest.mark.parametrize(
-    "family",
-    [pytest.param(f, marks=pytest.mark.slow) if f in assets.VARIANT_FAMILIES else f for f in DPO_CASES],
-)
+@pytest.mark.parametrize("family", DPO_CASES)
 def test_shipped_dpo_config_trains_and_loads_in_hf(family_assets, tmp_path, family):
     """Each family's LoRA DPO config: 2 steps on generated preference pairs (the config's accumulation, schedule
     and optimizer kept), then the outputs load in transformers and PEFT. Resuming is tested once, on the tiny
@@ -364,9 +365,7 @@ def test_every_shipped_distributed_post_training_config_is_a_case():
 
 
 KD_RECIPE = "knowledge_distillation_single_device"
-# the default tier runs one family's KD config (the recipe itself is tested in
-# test_knowledge_distillation_single_device.py); the slow tier runs every one
-KD_CASES = [pytest.param(f, id=f, marks=() if f == "qwen2_5" else pytest.mark.slow) for f in assets.KD_CONFIGS]
+KD_CASES = sorted(assets.KD_CONFIGS)
 
 
 @pytest.mark.parametrize("family", KD_CASES)
