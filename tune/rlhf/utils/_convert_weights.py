@@ -12,51 +12,29 @@ from collections.abc import Mapping
 
 import torch
 
-# (Hugging Face module path, tune module path); `{}` is a layer index. The parameter name after the path is kept.
-_REWARD_MODULES: tuple[tuple[str, str], ...] = (
-    ("model.embed_tokens", "tok_embeddings"),
-    ("model.norm", "norm"),
-    ("score", "output"),
-    ("model.layers.{}.self_attn.q_proj", "layers.{}.attn.q_proj"),
-    ("model.layers.{}.self_attn.k_proj", "layers.{}.attn.k_proj"),
-    ("model.layers.{}.self_attn.v_proj", "layers.{}.attn.v_proj"),
-    ("model.layers.{}.self_attn.o_proj", "layers.{}.attn.output_proj"),
-    ("model.layers.{}.mlp.gate_proj", "layers.{}.mlp.w1"),
-    ("model.layers.{}.mlp.down_proj", "layers.{}.mlp.w2"),
-    ("model.layers.{}.mlp.up_proj", "layers.{}.mlp.w3"),
-    ("model.layers.{}.input_layernorm", "layers.{}.sa_norm"),
-    ("model.layers.{}.post_attention_layernorm", "layers.{}.mlp_norm"),
+from tune.utils._state_dict_keys import invert_rules, rename_keys
+
+# (Hugging Face module-path prefix, tune's); the parameter name after the path is kept
+_REWARD_RULES: tuple[tuple[str, str], ...] = (
+    (r"model\.embed_tokens\.", "tok_embeddings."),
+    (r"model\.norm\.", "norm."),
+    (r"score\.", "output."),
+    (r"model\.layers\.(\d+)\.self_attn\.q_proj\.", r"layers.\1.attn.q_proj."),
+    (r"model\.layers\.(\d+)\.self_attn\.k_proj\.", r"layers.\1.attn.k_proj."),
+    (r"model\.layers\.(\d+)\.self_attn\.v_proj\.", r"layers.\1.attn.v_proj."),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attn.output_proj."),
+    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.", r"layers.\1.mlp.w1."),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.mlp.w2."),
+    (r"model\.layers\.(\d+)\.mlp\.up_proj\.", r"layers.\1.mlp.w3."),
+    (r"model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.sa_norm."),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.mlp_norm."),
 )
-# keys some exports carry that no model parameter matches: RoPE frequencies (recomputed), a score bias (TRL may
-# save one; transformers' classifiers have none)
-_SKIPPED = re.compile(r"(.*rotary_emb\.inv_freq|score\.bias)$")
-
-
-def _pattern(path: str) -> re.Pattern:
-    return re.compile(re.escape(path).replace(r"\{\}", r"(\d+)") + r"\.(.+)")
-
-
-def _rename(state_dict: Mapping[str, torch.Tensor], to_tune: bool, source: str) -> dict[str, torch.Tensor]:
-    rules = [(_pattern(hf), tune) if to_tune else (_pattern(tune), hf) for hf, tune in _REWARD_MODULES]
-    converted, unknown = {}, []
-    for key, value in state_dict.items():
-        if to_tune and _SKIPPED.match(key):
-            continue
-        for pattern, target in rules:
-            match = pattern.fullmatch(key)
-            if match:
-                *layer, parameter = match.groups()
-                converted[f"{target.format(*layer)}.{parameter}"] = value
-                break
-        else:
-            unknown.append(key)
-    if unknown:
-        shown = ", ".join(unknown[:8]) + (" ..." if len(unknown) > 8 else "")
-        raise ValueError(
-            f"{len(unknown)} {source} key(s) are not those of a Llama-style reward model: {shown}. Expected a "
-            "transformers *ForSequenceClassification state dict (model.*, score.weight) or tune's classifier keys."
-        )
-    return converted
+# a score bias some exports carry (TRL may save one; transformers' classifiers have none): dropped
+_SKIPPED = re.compile(r"score\.bias$")
+_HINT = (
+    "They are not those of a Llama-style reward model: expected a transformers *ForSequenceClassification state dict "
+    "(model.*, score.weight) or tune's classifier keys."
+)
 
 
 def reward_hf_to_tune(
@@ -86,7 +64,7 @@ def reward_hf_to_tune(
     Raises:
         ValueError: listing the keys that are not a Llama-style reward model's.
     """
-    return _rename(state_dict, to_tune=True, source="Hugging Face")
+    return rename_keys(state_dict, _REWARD_RULES, source="Hugging Face", skip=_SKIPPED, hint=_HINT)
 
 
 def reward_tune_to_hf(
@@ -110,4 +88,4 @@ def reward_tune_to_hf(
     Raises:
         ValueError: listing the keys that are not a tune classifier's.
     """
-    return _rename(state_dict, to_tune=False, source="tune")
+    return rename_keys(state_dict, invert_rules(_REWARD_RULES), source="tune", hint=_HINT)
