@@ -31,6 +31,8 @@ EMBED_DIM, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, INTERMEDIATE_DIM, NUM_LAYERS = 64,
 # preamble in 100-170 tokens, so at 64 every sample is cut to the same preamble and every batch has the same
 # loss (a resume that reads the wrong batches would then go unnoticed). The tiny rows are 178-365 tokens long.
 MAX_SEQ_LEN = 512
+# the original context of the tiny LongRoPE model (phi3_128k): shorter than the rows, so its long factors apply
+TINY_LONG_ROPE_CONTEXT = 64
 # Mixture-of-experts families (qwen3_moe): each expert's width, the experts per layer and per token.
 MOE_INTERMEDIATE_DIM, NUM_EXPERTS, EXPERTS_PER_TOKEN = 32, 8, 2
 LORA_MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -255,6 +257,18 @@ FAMILIES: dict[str, FamilySpec] = {
         {},
         "phi3",
     ),  # fmt: skip
+    # Phi-3 mini 128k: LongRoPE (its configs read the factors from config.json; here from the tiny one, whose
+    # original context is shorter than the rows, so the long factors apply)
+    "phi3_128k": FamilySpec(
+        "phi3_mini_128k",
+        "phi3",
+        "phi3",
+        "phi3",
+        _single("phi3/mini_128k"),
+        {},
+        "phi3",
+        "tune.models.phi3.phi3_mini_tokenizer",
+    ),  # fmt: skip
     # Phi-4 is a Phi-3 architecture (grouped-query attention, RoPE theta 250000) whose builders call phi3's
     "phi4": FamilySpec(
         "phi4_14b",
@@ -440,6 +454,10 @@ def tune_dims(family: str) -> dict:
     )
     if "head_dim" in dims:
         dims["head_dim"] = HEAD_DIM
+    if "rope_scaling" in dims:  # LongRoPE: the tiny config.json's factors, read as the 128k builder reads them
+        from tune.models.phi3._convert_weights import phi3_long_rope_settings
+
+        dims["rope_scaling"] = phi3_long_rope_settings(hf_config(family).to_dict())[1]
     if "num_experts" in dims:
         dims.update(
             moe_intermediate_dim=MOE_INTERMEDIATE_DIM, num_experts=NUM_EXPERTS, experts_per_token=EXPERTS_PER_TOKEN
@@ -551,6 +569,19 @@ def hf_config(family: str):
             rope_theta=10_000.0, rms_norm_eps=1e-5, sliding_window=2047, tie_word_embeddings=False,
             original_max_position_embeddings=MAX_SEQ_LEN, pad_token_id=tokenizer.pad_id, **common,
         )  # fmt: skip
+    if family == "phi3_128k":  # microsoft/Phi-3-mini-128k-instruct's longrope, tiny: 8 factor pairs, context 64
+        scaling = dict(
+            rope_type="longrope",
+            short_factor=[1.0 + 0.05 * i for i in range(HEAD_DIM // 2)],
+            long_factor=[1.0 + 0.7 * i for i in range(HEAD_DIM // 2)],
+            original_max_position_embeddings=TINY_LONG_ROPE_CONTEXT,
+        )
+        common = {**common, "max_position_embeddings": MAX_SEQ_LEN}
+        return transformers.Phi3Config(
+            rope_theta=10_000.0, rms_norm_eps=1e-5, sliding_window=262_143, tie_word_embeddings=False,
+            rope_scaling=scaling, original_max_position_embeddings=TINY_LONG_ROPE_CONTEXT,
+            pad_token_id=tokenizer.pad_id, **common,
+        )  # fmt: skip
     if family == "phi4":  # microsoft/phi-4
         return transformers.Phi3Config(
             rope_theta=250_000.0, rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False,
@@ -578,6 +609,8 @@ def model_overrides(family: str, method: str) -> list[str]:
     overrides = [f"model._component_=tune.models.{spec.builder_module}.{builder}"]
     if method == "qlora":  # what the shipped qlora_* builder adds to lora_*
         overrides.append("model.quantize_base=True")
+    if family == "phi3_128k":  # the named builder's reader of config.json: the component builder takes its result
+        overrides.append("~model.hf_config_path")
     for key, value in tune_dims(family).items():
         overrides.append(f"model.{key}={json.dumps(value) if value is not None else 'null'}")
     return overrides
@@ -607,7 +640,7 @@ def quantized_rows(family: str, lora_node: dict) -> dict[str, list]:
             if name in rows:
                 rows[name] = [torch.arange(heads * HEAD_DIM).view(heads, HEAD_DIM // 2, 2).transpose(1, 2).flatten()]
         return rows
-    if family not in ("phi3", "phi4"):
+    if family not in ("phi3", "phi3_128k", "phi4"):
         return {name: [slice(None)] for name in targets}
     q, kv = NUM_HEADS * EMBED_DIM // NUM_HEADS, NUM_KV_HEADS * EMBED_DIM // NUM_HEADS
     parts = {"q_proj": ("qkv_proj", slice(0, q)), "k_proj": ("qkv_proj", slice(q, q + kv))}

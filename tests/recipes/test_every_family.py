@@ -128,7 +128,7 @@ def _lora_node(config: Path) -> dict:
 def _initial_adapter(family: str, base_dir: Path, lora: dict, where: Path) -> Path | None:
     """A PEFT adapter with random A and B (both non-zero) for the config's LoRA settings; None for Phi-3, whose
     fused ``qkv_proj`` / ``gate_up_proj`` cannot carry tune's separate q/v and gate/up adapters in PEFT's form."""
-    if family in ("phi3", "phi4"):
+    if family in ("phi3", "phi3_128k", "phi4"):
         return None
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -185,7 +185,7 @@ def _check_peft(family: str, method: str, data: Path, step_dir: Path, lora: dict
         merged_logits = merged(input_ids=tokens).logits
     torch.testing.assert_close(merged_logits, peft_logits, atol=1e-4, rtol=1e-4)
     # the comparison means something only where the adapter moves the logits far beyond that tolerance
-    if family not in ("phi3", "phi4"):
+    if family not in ("phi3", "phi3_128k", "phi4"):
         assert (peft_logits - base_logits).abs().max() > 1e-2
 
 
@@ -396,3 +396,21 @@ def test_shipped_kd_config_trains_resumes_and_loads_in_hf(family_assets, tmp_pat
     overrides = [*_overrides(family, "lora", data, resumed_out, adapter), *teacher, "resume_from_checkpoint=True"]
     run_recipe(KD_RECIPE, config, overrides, cwd=tmp_path, timeout=300)
     _check_resumed(resumed_out, uninterrupted, trained)
+
+
+def test_phi3_128k_tiny_model_is_transformers_longrope_model(family_assets):
+    """The phi3_128k cases train a model whose LongRoPE comes from the tiny config.json's factors (as the shipped
+    128k configs read the real one): on rows longer than its original context (the long factors), tune's model with
+    the checkpoint's weights gives transformers' logits."""
+    from safetensors.torch import load_file
+
+    from tune.models.phi3 import phi3, phi3_hf_to_tune_from_config
+
+    data = family_assets("phi3_128k")
+    hf_model = _load_strict(data / "hf")
+    model = phi3(**assets.tune_dims("phi3_128k")).eval()
+    state = phi3_hf_to_tune_from_config(load_file(data / "hf" / "model.safetensors"), hf_model.config.to_dict())
+    model.load_state_dict(state)
+    tokens = torch.randint(3, hf_model.config.vocab_size, (2, 3 * assets.TINY_LONG_ROPE_CONTEXT))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf_model(input_ids=tokens).logits, atol=1e-5, rtol=0)
