@@ -24,6 +24,7 @@ from tune.config._instantiate import get_component_from_path, instantiate
 from tune.config._io import log_config, resolved_yaml, save_config
 from tune.config._load import apply_overrides, load_config, parse_override_value, read_yaml
 from tune.config._parse import parse
+from tune.config._recipe import init_parallel, instantiate_checkpointer
 from tune.config._training import (
     IGNORED_KEYS,
     OPTIONAL_KEYS,
@@ -61,7 +62,9 @@ __all__ = [
     "find_recipe",
     "get_component_from_path",
     "import_modules",
+    "init_parallel",
     "instantiate",
+    "instantiate_checkpointer",
     "instantiate_collate",
     "instantiate_dataset",
     "instantiate_lr_scheduler",

@@ -18,6 +18,7 @@ from tune.training._activations import (
     get_act_offloading_ctx_manager,
     set_activation_checkpointing,
 )
+from tune.training._adapters import load_lora_state_dicts, lora_checkpoint_payload, prepare_lora_model
 from tune.training._compile import compile_loss, compile_model
 from tune.training._distillation import (
     check_kd_ratio,
@@ -103,6 +104,15 @@ from tune.training._recipe_state import (
     validation_loss,
 )
 from tune.training._seed import set_seed
+from tune.training._sharded_state import (
+    DCP_SUBDIR,
+    PROGRESS_KEY,
+    ParallelDims,
+    ShardedRecipeState,
+    mean_over_ranks,
+    saved_optimizer_state,
+    tokens_per_second_over_ranks,
+)
 from tune.training._throughput import ThroughputTracker, count_tokens, get_progress_bar
 from tune.training.lr_schedulers import (
     get_constant_schedule_with_warmup,
@@ -124,6 +134,16 @@ from tune.training.quantization import get_quantizer_mode
 from tune.utils import get_world_size_and_rank
 
 __all__ = [
+    "prepare_lora_model",
+    "lora_checkpoint_payload",
+    "load_lora_state_dicts",
+    "tokens_per_second_over_ranks",
+    "saved_optimizer_state",
+    "mean_over_ranks",
+    "ShardedRecipeState",
+    "ParallelDims",
+    "PROGRESS_KEY",
+    "DCP_SUBDIR",
     "CometLogger",
     "DEFAULT_PROFILER_ACTIVITIES",
     "DEFAULT_PROFILE_DIR",

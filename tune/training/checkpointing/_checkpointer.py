@@ -303,6 +303,13 @@ class _Checkpointer:
         """The checkpoint directory this run resumes from (None when not resuming)."""
         return self._resume_dir
 
+    @property
+    def model_family(self) -> str | None:
+        """The registry name of the model family the weights convert with (for ``model_type: REWARD``, the family
+        ``config.json`` names), or None for a checkpointer that needs none; recipes look the family's sharding
+        rule and tensor-parallel plan up by it."""
+        return self._family.name if self._family is not None else None
+
     def load_checkpoint(self) -> dict[str, Any]:
         """Loads the model (and, when resuming, the adapter and recipe state) in tune's keys.
 

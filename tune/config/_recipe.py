@@ -1,0 +1,92 @@
+"""Recipe plumbing read from a config, written once: the checkpointer of a run and the parallel layout of a
+distributed one, each setting's error reported at its key."""
+
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
+
+from tune.config._instantiate import instantiate
+from tune.config._training import errors_at
+from tune.utils import get_logger
+
+if TYPE_CHECKING:
+    import torch
+
+    from tune.training import ParallelDims
+
+log = get_logger(name="tune.config")
+
+
+def instantiate_checkpointer(
+    cfg_checkpointer: DictConfig, *, resume_from_checkpoint: bool, keep_last_n_checkpoints: int | None
+) -> Any:
+    """Builds the ``checkpointer`` of a recipe config with the run's resume and retention settings.
+
+    Args:
+        cfg_checkpointer (DictConfig): the ``checkpointer`` section.
+        resume_from_checkpoint (bool): whether the checkpointer reads the newest checkpoint of ``output_dir``
+            (False for distributed recipes: their training state comes from the sharded checkpoints).
+        keep_last_n_checkpoints (int | None): the run's retention; None leaves the checkpointer's own setting.
+
+    Returns:
+        Any: the checkpointer.
+    """
+    extra: dict[str, Any] = {"resume_from_checkpoint": resume_from_checkpoint}
+    if keep_last_n_checkpoints is not None:
+        extra["keep_last_n_checkpoints"] = keep_last_n_checkpoints
+    return instantiate(cfg_checkpointer, **extra)
+
+
+def init_parallel(cfg: DictConfig, device: "torch.device") -> "ParallelDims":
+    """Starts the process group and builds the device meshes a distributed recipe's config asks for.
+
+    Reads ``dist_backend`` (default NCCL for the model's tensors and gloo for CPU-side state on CUDA, the
+    platform's default otherwise), ``tensor_parallel_dim`` and ``expert_parallel_dim`` (1 where a recipe's config
+    has no such key). Logs the layout on rank 0. A collective.
+
+    Args:
+        cfg (DictConfig): the recipe config.
+        device (torch.device): the device the run trains on.
+
+    Returns:
+        ParallelDims: world size, rank, meshes, data-parallel rank and size, tensor- and expert-parallel layout.
+
+    Raises:
+        ConfigError: at the key whose value cannot be used (a backend the platform lacks, a tensor- or
+            expert-parallel size that does not divide the world size).
+    """
+    import torch.distributed as dist
+
+    from tune import training
+    from tune.utils import log_rank_zero
+
+    backend = cfg.dist_backend
+    if backend is None and device.type == "cuda":
+        backend = "cuda:nccl,cpu:gloo"  # NCCL for the model's tensors, gloo for CPU-side state (DCP)
+    with errors_at("dist_backend", backend):
+        training.init_distributed(backend)
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    tp_dim = cfg.tensor_parallel_dim if "tensor_parallel_dim" in cfg else 1
+    with errors_at("tensor_parallel_dim", tp_dim):
+        mesh = training.init_device_mesh(world_size, tp_dim, device.type)
+    ep_dim = cfg.expert_parallel_dim if "expert_parallel_dim" in cfg else 1
+    ep_mesh = None  # expert parallelism: groups of expert_parallel_dim ranks, each holding whole experts
+    if ep_dim > 1:
+        with errors_at("expert_parallel_dim", ep_dim):
+            ep_mesh = training.init_expert_parallel_mesh(world_size, ep_dim, device.type)
+    dp_rank, dp_size = training.data_parallel_rank_and_size(mesh)
+    dims = training.ParallelDims(
+        world_size=world_size,
+        rank=rank,
+        mesh=mesh,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        tp_size=training.tensor_parallel_size(mesh),
+        ep_mesh=ep_mesh,
+    )
+    log_rank_zero(
+        log,
+        f"{world_size} processes: {dp_size} data-parallel shard(s) x {dims.tp_size} tensor-parallel rank(s), "
+        f"{ep_dim} expert-parallel, backend {dist.get_backend()}.",
+    )
+    return dims

@@ -1,0 +1,306 @@
+"""The plumbing every sharded (FSDP2) recipe shares: the parallel layout of a run, its recipe state (sharded DCP
+checkpoints to resume from plus the gathered Hugging Face / PEFT output), and the reductions of logged metrics
+over ranks. The recipes keep their loops; what is saved, restored and summed is decided here once.
+"""
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tune.modules.peft import is_adapter_key
+from tune.training._adapters import lora_checkpoint_payload
+from tune.training._distributed import all_reduce_sum, errors_on_all_ranks, gather_cpu_state_dict
+from tune.training._recipe_state import progress_state, restore_progress
+from tune.training.checkpointing import MODEL_KEY, OPT_KEY, DistributedCheckpointer
+from tune.utils import get_logger, log_rank_zero
+
+log = get_logger(name="tune.training")
+
+PROGRESS_KEY = "progress"
+# the sharded checkpoints of a run go here, inside output_dir, apart from the gathered step_N/ outputs
+DCP_SUBDIR = "dcp"
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """How a distributed run is laid out over its processes.
+
+    Args:
+        world_size (int): the number of processes.
+        rank (int): this process's global rank.
+        mesh (Any): the ``(dp_shard, tp)`` device mesh (:func:`tune.training.init_device_mesh`).
+        dp_rank (int): this rank's index among the data-parallel shards (for the data sampler).
+        dp_size (int): the number of data-parallel shards.
+        tp_size (int): ranks per tensor-parallel group (they share one batch).
+        ep_mesh (Any): the ``(edp, ep)`` mesh of expert parallelism, or ``None`` without it.
+    """
+
+    world_size: int
+    rank: int
+    mesh: Any
+    dp_rank: int
+    dp_size: int
+    tp_size: int = 1
+    ep_mesh: Any = None
+
+    @property
+    def is_rank_zero(self) -> bool:
+        """Whether this process is the one that writes logs and gathered checkpoints."""
+        return self.rank == 0
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """Ranks per expert-parallel group (1 without expert parallelism)."""
+        return 1 if self.ep_mesh is None else self.ep_mesh.size(1)
+
+
+def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean over all ranks of a tensor every rank holds (e.g. each rank's share of the logged loss).
+
+    A collective when distributed; the tensor itself on one process.
+
+    Args:
+        tensor (torch.Tensor): this rank's value.
+
+    Returns:
+        torch.Tensor: the sum over ranks divided by the world size.
+    """
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return all_reduce_sum(tensor) / world_size
+
+
+def tokens_per_second_over_ranks(
+    tokens_per_second: float, device: torch.device, tensor_parallel_size: int = 1
+) -> tuple[float, float]:
+    """The throughput of the whole run from each rank's: the sum over ranks, counting a tensor-parallel group's
+    shared batch once, and that sum per process.
+
+    A collective when distributed.
+
+    Args:
+        tokens_per_second (float): this rank's non-padding tokens per second.
+        device (torch.device): where the collective runs (the GPU under NCCL).
+        tensor_parallel_size (int): ranks per tensor-parallel group.
+
+    Returns:
+        tuple[float, float]: ``(tokens_per_second, tokens_per_second_per_gpu)``.
+    """
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    rank_tps = torch.tensor(tokens_per_second, dtype=torch.float64, device=device)
+    total = all_reduce_sum(rank_tps).item() / tensor_parallel_size
+    return total, total / world_size
+
+
+def saved_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: str | Path) -> dict:
+    """The sharded optimizer state to load a DCP checkpoint into: the fresh optimizer's, less the parameters that
+    had no state when the checkpoint was written.
+
+    Parameters not stepped yet when the run saved (those a finetuning schedule had just unfrozen, say) must get
+    their state when they first step in the resumed run too, as they did in the uninterrupted one.
+
+    Args:
+        model (nn.Module): the (sharded) model.
+        optimizer (torch.optim.Optimizer): its optimizer, its states created.
+        checkpoint (str | Path): the DCP checkpoint directory being resumed.
+
+    Returns:
+        dict: the optimizer state dict (``get_optimizer_state_dict``'s layout) for ``dcp.load``.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer)
+    saved = FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    prefix = f"{OPT_KEY}.state."
+    stepped = {key[len(prefix) :].rsplit(".", 1)[0] for key in saved if key.startswith(prefix)}
+    state["state"] = {name: value for name, value in state["state"].items() if name in stepped}
+    return state
+
+
+class ShardedRecipeState:
+    """Saves and restores the training state of a sharded run, the same way in every distributed recipe.
+
+    A save writes, unless it is the run's last step, every rank's shards of the trainable weights (only the
+    adapters of a LoRA model: the frozen base is the input checkpoint's), the optimizer and the progress
+    (:func:`tune.training.progress_state`) to ``output_dir/dcp/step_N/`` with DCP; then it gathers the full model
+    to rank 0, which writes ``output_dir/step_N/`` with the run's checkpointer: the model in its input format, or,
+    for a LoRA model, the adapter in the PEFT format plus the merged model unless ``save_adapter_weights_only``.
+    A restore reads the newest complete sharded checkpoint back: weights, optimizer (see
+    :func:`saved_optimizer_state`), finetuning-schedule phase, LR scheduler, data position, seed and RNG states.
+
+    Build it at the end of setup, once the optimizer, sampler and schedulers exist. Every method is a collective.
+
+    Args:
+        model (nn.Module): the sharded model.
+        optimizer (torch.optim.Optimizer): its optimizer.
+        checkpointer (Any): the run's checkpointer (``FullModelHFCheckpointer``, ...), used on rank 0 to write the
+            gathered outputs.
+        output_dir (str | Path): the run's output directory; the sharded checkpoints go to its ``dcp/``.
+        sampler (Any): the training sampler (``StatefulDistributedSampler``).
+        seed (int): the seed the run uses.
+        epochs (int): epochs of the run.
+        steps_per_epoch (int): optimizer steps per epoch.
+        max_steps_per_epoch (int | None): the configured cap on steps per epoch.
+        samples_per_step (int): samples one optimizer step consumes on a rank (batch size x accumulation).
+        lr_scheduler (Any): the LR scheduler, or ``None``.
+        finetuning_schedule (Any): the ``FinetuningSchedule``, or ``None``.
+        adapter_config (Mapping[str, Any] | None): for a LoRA/DoRA model, ``tune.modules.peft.get_adapter_config``
+            of it; ``None`` for a fully trained model.
+        save_adapter_weights_only (bool): with ``adapter_config``, write the adapter without the merged model.
+        keep_last_n_checkpoints (int | None): keep this many sharded checkpoints (None: all).
+        resume_from_checkpoint (bool): find the newest complete sharded checkpoint to :meth:`restore` from.
+
+    Raises:
+        ValueError: resuming when ``output_dir/dcp`` holds no complete sharded checkpoint, or with
+            ``save_adapter_weights_only`` and no ``adapter_config``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        checkpointer: Any,
+        output_dir: str | Path,
+        sampler: Any,
+        seed: int,
+        epochs: int,
+        steps_per_epoch: int,
+        max_steps_per_epoch: int | None,
+        samples_per_step: int,
+        lr_scheduler: Any = None,
+        finetuning_schedule: Any = None,
+        adapter_config: Mapping[str, Any] | None = None,
+        save_adapter_weights_only: bool = False,
+        keep_last_n_checkpoints: int | None = None,
+        resume_from_checkpoint: bool = False,
+    ) -> None:
+        if save_adapter_weights_only and adapter_config is None:
+            raise ValueError("save_adapter_weights_only needs a LoRA/DoRA model (adapter_config); this one has none.")
+        self._model = model
+        self._optimizer = optimizer
+        self._checkpointer = checkpointer
+        self._sampler = sampler
+        self.seed = seed
+        self._epochs = epochs
+        self._steps_per_epoch = steps_per_epoch
+        self._max_steps_per_epoch = max_steps_per_epoch
+        self._samples_per_step = samples_per_step
+        self._lr_scheduler = lr_scheduler
+        self._finetuning_schedule = finetuning_schedule
+        self._adapter_config = dict(adapter_config) if adapter_config is not None else None
+        self._adapter_only = save_adapter_weights_only
+        self._dcp = DistributedCheckpointer(
+            output_dir=Path(output_dir) / DCP_SUBDIR,
+            resume_from_checkpoint=resume_from_checkpoint,
+            keep_last_n_checkpoints=keep_last_n_checkpoints,
+        )
+
+    @property
+    def resume_dir(self) -> Path | None:
+        """The sharded checkpoint this run resumes from (None when it does not resume)."""
+        return self._dcp.resume_dir
+
+    def _progress(self, epoch: int, epochs_run: int, global_step: int) -> dict[str, Any]:
+        return progress_state(
+            seed=self.seed,
+            epochs_run=epochs_run,
+            total_epochs=self._epochs,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            global_step=global_step,
+            steps_in_epoch=global_step - epoch * self._steps_per_epoch,
+            samples_per_step=self._samples_per_step,
+            sampler=self._sampler,
+            lr_scheduler=self._lr_scheduler,
+            finetuning_schedule=self._finetuning_schedule,
+        )
+
+    def _model_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = get_model_state_dict(self._model)
+        if self._adapter_config is not None:  # only the adapters change; the base is reloaded from its files
+            state = {key: value for key, value in state.items() if is_adapter_key(key)}
+        return state
+
+    def save(self, *, epoch: int, epochs_run: int, global_step: int, config: Mapping[str, Any] | None) -> None:
+        """Writes the sharded state to resume from (unless the run is over) and the gathered outputs.
+
+        Args:
+            epoch (int): the epoch being trained (0-based), for the data position.
+            epochs_run (int): epochs completed.
+            global_step (int): optimizer steps taken; names ``step_N/``.
+            config (Mapping[str, Any] | None): the resolved run config, written into both checkpoints.
+        """
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        if global_step < self._epochs * self._steps_per_epoch:
+            sharded = {
+                MODEL_KEY: self._model_state(),
+                OPT_KEY: get_optimizer_state_dict(self._model, self._optimizer),
+                PROGRESS_KEY: self._progress(epoch, epochs_run, global_step),
+            }
+            self._dcp.save_checkpoint(sharded, epoch=epochs_run, step=global_step, config=config)
+        # a collective; only rank 0 receives the full tensors (NF4 base weights dequantised)
+        key_filter = is_adapter_key if self._adapter_only else None
+        full_state = gather_cpu_state_dict(self._model, key_filter=key_filter)
+        with errors_on_all_ranks():  # the others wait for rank 0's write, and stop with it if it fails
+            if dist.get_rank() == 0:
+                if self._adapter_config is None:
+                    payload = {MODEL_KEY: full_state}
+                else:
+                    payload = lora_checkpoint_payload(full_state, self._adapter_config, adapter_only=self._adapter_only)
+                self._checkpointer.save_checkpoint(
+                    payload, epoch=epochs_run, step=global_step, adapter_only=self._adapter_only, config=config
+                )
+
+    def restore(self, seed: int | None, logger: logging.Logger = log) -> tuple[int, int, int]:
+        """Puts the run back where the newest sharded checkpoint left it; call it last in setup.
+
+        Args:
+            seed (int | None): the config's ``seed`` (``None`` takes the checkpoint's; another value than the
+                run's is refused, see :func:`tune.training.restore_progress`).
+            logger (logging.Logger): where the lines about the restore go (rank 0 only).
+
+        Returns:
+            tuple[int, int, int]: ``(epochs_run, global_step, seed)`` of the resumed run.
+        """
+        saved = self._dcp.load_checkpoint({PROGRESS_KEY: self._progress(0, 0, 0)})[PROGRESS_KEY]
+        epochs_run, global_step, self.seed = restore_progress(
+            saved,
+            seed=seed,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            sampler=self._sampler,  # its position is per data-parallel rank: resumes only with as many of them
+            load_optimizer=self._load_weights_and_optimizer,
+            lr_scheduler=self._lr_scheduler,
+            finetuning_schedule=self._finetuning_schedule,
+            logger=logger,
+        )
+        log_rank_zero(
+            logger,
+            f"Resumed from {self.resume_dir} after {global_step} optimizer steps ({epochs_run} epochs complete).",
+        )
+        return epochs_run, global_step, self.seed
+
+    def _load_weights_and_optimizer(self) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        state = {
+            MODEL_KEY: self._model_state(),
+            OPT_KEY: saved_optimizer_state(self._model, self._optimizer, self.resume_dir),
+        }
+        self._dcp.load_checkpoint(state)  # each rank reads its own shards
+        strict = self._adapter_config is None  # a LoRA model's state holds the adapters only
+        set_model_state_dict(self._model, state[MODEL_KEY], options=StateDictOptions(strict=strict))
+        # strict=False: the parameters saved_optimizer_state left out keep no state, as in the first run
+        set_optimizer_state_dict(self._model, self._optimizer, state[OPT_KEY], options=StateDictOptions(strict=False))
