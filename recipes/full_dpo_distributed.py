@@ -29,27 +29,18 @@ import gc
 import logging
 import sys
 import weakref
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, ListConfig
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.utils.data import DataLoader
 
 from tune import config, rlhf, training, utils
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
-from tune.training.checkpointing import DistributedCheckpointer, StatefulDistributedSampler
+from tune.training.checkpointing import StatefulDistributedSampler
 
 RECIPE_INFO = {
     "supports_distributed": True,
@@ -63,10 +54,12 @@ UNSUPPORTED = {
     "dataset.packed": "a chosen and a rejected sequence form one sample; preference pairs are not packed",
     "model_converters": "the reference must be the policy's starting point; fine-tune with a converter first",
     "finetuning_schedule": "gradual unfreezing is offered by the SFT recipes only",
+    "tensor_parallel_dim": config.KeepDefault(
+        "this recipe shards the policy and the reference with FSDP2 only; fsdp_cpu_offload: True where they do not fit"
+    ),
 }
 
 log = utils.get_logger(name="tune.recipes.full_dpo_distributed")
-PROGRESS_KEY = "progress"
 
 
 def log_info(message: str, *args: Any) -> None:
@@ -94,7 +87,9 @@ class FullDPORecipeDistributed:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
-        config.check_training_config(cfg, distributed=True, unsupported=UNSUPPORTED)  # every problem at once
+        config.check_training_config(  # every problem at once
+            cfg, distributed=True, unsupported=UNSUPPORTED, tables=RECIPE_INFO["optional_keys"]
+        )
         self._device = utils.get_device(cfg.device)
         self._dtype = utils.get_dtype(cfg.dtype, device=self._device)
         if self._device.type == "cpu":
@@ -108,7 +103,6 @@ class FullDPORecipeDistributed:
         self._enable_activation_checkpointing = cfg.enable_activation_checkpointing
         self._enable_activation_offloading = cfg.enable_activation_offloading
         self._fsdp_cpu_offload = cfg.fsdp_cpu_offload
-        self._fsdp_reshard_after_forward = cfg.fsdp_reshard_after_forward
         self._save_every_n_steps = cfg.save_every_n_steps
         self._run_val_every_n_steps = cfg.run_val_every_n_steps
         self._max_validation_steps = cfg.max_validation_steps
@@ -116,8 +110,7 @@ class FullDPORecipeDistributed:
         self._max_steps_per_epoch = cfg.max_steps_per_epoch
         self._gradient_accumulation_steps = cfg.gradient_accumulation_steps
         self._precompute_reference = cfg.precompute_ref_log_probs
-        self._init_distributed(cfg)
-        self._configured_seed = cfg.seed
+        self._dims = config.init_parallel(cfg, self._device)  # process group and device meshes
         self._seed = training.set_seed(training.sync_seed(cfg.seed))  # the same on every rank
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
@@ -125,28 +118,6 @@ class FullDPORecipeDistributed:
         # a NaN/inf loss on any rank stops every rank at the same step
         self._loss_check = training.FiniteLossCheck(self._device, all_reduce=training.all_reduce_sum)
         self._metrics = rlhf.PreferenceMetrics(self._device)  # this rank's sums since the last log
-
-    def _init_distributed(self, cfg: DictConfig) -> None:
-        # the process group (from torchrun's environment) and the data-parallel mesh over it (no tensor parallelism)
-        if cfg.tensor_parallel_dim != 1:
-            raise config.ConfigError(
-                config.ConfigProblem(
-                    "tensor_parallel_dim",
-                    "must be 1: this recipe shards the policy and the reference with FSDP2 only. Set "
-                    "tensor_parallel_dim: 1 (or fsdp_cpu_offload: True where the shards do not fit)",
-                    cfg.tensor_parallel_dim,
-                )
-            )
-        backend = cfg.dist_backend
-        if backend is None and self._device.type == "cuda":
-            backend = "cuda:nccl,cpu:gloo"  # NCCL for the model's tensors, gloo for CPU-side state (DCP)
-        with config.errors_at("dist_backend", backend):
-            training.init_distributed(backend)
-        self._world_size, self._rank = dist.get_world_size(), dist.get_rank()
-        self._is_rank_zero = self._rank == 0
-        self._mesh = training.init_device_mesh(self._world_size, 1, self._device.type)
-        self._dp_rank, self._dp_size = training.data_parallel_rank_and_size(self._mesh)
-        log_info("%d processes, data parallel, backend %s.", self._world_size, dist.get_backend())
 
     # ------------------------------------------------------------------------------------------------ checkpoint
 
@@ -163,14 +134,8 @@ class FullDPORecipeDistributed:
         Returns:
             dict[str, Any]: the full model state under ``training.MODEL_KEY``.
         """
-        extra = {"resume_from_checkpoint": False}  # the weights come from checkpoint_dir; a resumed run's from DCP
-        if self._keep_last_n_checkpoints is not None:
-            extra["keep_last_n_checkpoints"] = self._keep_last_n_checkpoints
-        self._checkpointer = config.instantiate(cfg_checkpointer, **extra)
-        self._dcp_checkpointer = DistributedCheckpointer(
-            output_dir=Path(self._output_dir) / "dcp",
-            resume_from_checkpoint=self._resume,
-            keep_last_n_checkpoints=self._keep_last_n_checkpoints,
+        self._checkpointer = config.instantiate_checkpointer(
+            cfg_checkpointer, resume_from_checkpoint=False, keep_last_n_checkpoints=self._keep_last_n_checkpoints
         )
         return self._checkpointer.load_checkpoint()
 
@@ -196,74 +161,7 @@ class FullDPORecipeDistributed:
         Args:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
-        if self.global_step < self._total_steps:
-            self._dcp_checkpointer.save_checkpoint(
-                self._sharded_state(epoch), epoch=self.epochs_run, step=self.global_step, config=self._cfg
-            )
-        full_state = training.gather_cpu_state_dict(self._model)  # a collective; only rank 0 receives it
-        with training.errors_on_all_ranks():  # the others wait for rank 0's save, and stop with it if it fails
-            if self._is_rank_zero:
-                self._checkpointer.save_checkpoint(
-                    {training.MODEL_KEY: full_state}, epoch=self.epochs_run, step=self.global_step, config=self._cfg
-                )
-
-    def _sharded_state(self, epoch: int) -> dict[str, Any]:
-        return {
-            training.MODEL_KEY: get_model_state_dict(self._model),
-            training.OPT_KEY: get_optimizer_state_dict(self._model, self._optimizer),
-            PROGRESS_KEY: self._progress_state(epoch),
-        }
-
-    def _progress_state(self, epoch: int) -> dict[str, Any]:
-        return training.progress_state(
-            seed=self._seed,
-            epochs_run=self.epochs_run,
-            total_epochs=self._epochs,
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            global_step=self.global_step,
-            steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
-            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
-            sampler=self._sampler,
-            lr_scheduler=self._lr_scheduler,
-        )
-
-    def _restore_recipe_state(self) -> None:
-        progress = self._dcp_checkpointer.load_checkpoint({PROGRESS_KEY: self._progress_state(0)})[PROGRESS_KEY]
-        self.epochs_run, self.global_step, self._seed = training.restore_progress(
-            progress,
-            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            sampler=self._sampler,  # its position is per data-parallel rank: resumes only with as many of them
-            load_optimizer=self._load_sharded_state,
-            lr_scheduler=self._lr_scheduler,
-            logger=log,
-        )
-        log_info(
-            "Resumed from %s after %d optimizer steps (%d epochs complete).",
-            self._dcp_checkpointer.resume_dir,
-            self.global_step,
-            self.epochs_run,
-        )
-
-    def _load_sharded_state(self) -> None:
-        state = {
-            training.MODEL_KEY: get_model_state_dict(self._model),
-            training.OPT_KEY: self._saved_optimizer_state(),
-        }
-        self._dcp_checkpointer.load_checkpoint(state)  # each rank reads its own shards
-        set_model_state_dict(self._model, state[training.MODEL_KEY])
-        set_optimizer_state_dict(
-            self._model, self._optimizer, state[training.OPT_KEY], options=StateDictOptions(strict=False)
-        )
-
-    def _saved_optimizer_state(self) -> dict[str, Any]:
-        # the fresh optimizer's state, less the parameters that had none when the checkpoint was written
-        state = get_optimizer_state_dict(self._model, self._optimizer)
-        saved = FileSystemReader(str(self._dcp_checkpointer.resume_dir)).read_metadata().state_dict_metadata
-        prefix = f"{training.OPT_KEY}.state."
-        stepped = {key[len(prefix) :].rsplit(".", 1)[0] for key in saved if key.startswith(prefix)}
-        state["state"] = {name: value for name, value in state["state"].items() if name in stepped}
-        return state
+        self._recipe_state.save(epoch=epoch, epochs_run=self.epochs_run, global_step=self.global_step, config=self._cfg)
 
     # ---------------------------------------------------------------------------------------------------- setup
 
@@ -327,15 +225,30 @@ class FullDPORecipeDistributed:
             self._release_reference()
         with config.errors_at("batch_size", cfg.batch_size):
             self._steps_per_epoch = training.steps_per_epoch(
-                len(self._dataloader), self._gradient_accumulation_steps, self._max_steps_per_epoch, self._dp_size
+                len(self._dataloader), self._gradient_accumulation_steps, self._max_steps_per_epoch, self._dims.dp_size
             )
         self._total_steps = self._epochs * self._steps_per_epoch
         self._lr_scheduler = config.instantiate_lr_scheduler(cfg.lr_scheduler, self._optimizer, self._total_steps)
         self._profiler = training.DummyProfiler()
         if cfg.profiler is not None:
             self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
+        self._recipe_state = training.ShardedRecipeState(  # what a save writes and a resume restores
+            self._model,
+            self._optimizer,
+            checkpointer=self._checkpointer,
+            output_dir=self._output_dir,
+            sampler=self._sampler,
+            seed=self._seed,
+            epochs=self._epochs,
+            steps_per_epoch=self._steps_per_epoch,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
+            lr_scheduler=self._lr_scheduler,
+            keep_last_n_checkpoints=self._keep_last_n_checkpoints,
+            resume_from_checkpoint=self._resume,
+        )
         if self._resume:
-            self._restore_recipe_state()
+            self.epochs_run, self.global_step, self._seed = self._recipe_state.restore(cfg.seed, log)
         with training.errors_on_all_ranks():  # written by rank 0
             config.save_config(cfg, self._output_dir)
 
@@ -349,10 +262,13 @@ class FullDPORecipeDistributed:
             batch_size=batch_size,
             device=self._device,
             average_log_probs=self._average_log_probs,
-            process_group=self._mesh["dp_shard"].get_group(),
+            process_group=self._dims.mesh["dp_shard"].get_group(),
         )
         log_info(
-            "Reference log-probabilities of %d %s pairs computed once, over %d ranks.", len(pairs), split, self._dp_size
+            "Reference log-probabilities of %d %s pairs computed once, over %d ranks.",
+            len(pairs),
+            split,
+            self._dims.dp_size,
         )
         return table
 
@@ -381,16 +297,7 @@ class FullDPORecipeDistributed:
         else:  # frozen: evaluation mode (no dropout), no gradients
             model.eval()
             model.requires_grad_(False)
-        fsdp_dtypes = cfg.fsdp_mixed_precision or {}
-        training.shard_model(
-            model,
-            training.family_shard_conditions(model, cfg.checkpointer.get("model_type")),
-            cpu_offload=self._fsdp_cpu_offload,
-            reshard_after_forward=self._fsdp_reshard_after_forward,
-            param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
-            reduce_dtype=utils.get_dtype(fsdp_dtypes.get("reduce_dtype", "fp32")),
-            dp_mesh=self._mesh["dp_shard"],
-        )
+        config.shard_model(cfg, model, self._dims, self._checkpointer.model_family)  # FSDP2, as the config says
         with config.errors_at("checkpointer" if trainable else "ref_checkpointer"):  # the weights must fit `model`
             training.load_from_full_model_state_dict(
                 model, full_state_dict, self._device, strict=True, cpu_offload=self._fsdp_cpu_offload
@@ -407,7 +314,7 @@ class FullDPORecipeDistributed:
             "Policy" if trainable else "Reference (frozen)",
             f"{num_params:,}",
             self._dtype,
-            self._world_size,
+            self._dims.world_size,
         )
         return model
 
@@ -431,7 +338,7 @@ class FullDPORecipeDistributed:
         )
         # one shard of the pairs per data-parallel rank
         sampler = StatefulDistributedSampler(
-            dataset, num_replicas=self._dp_size, rank=self._dp_rank, shuffle=shuffle, seed=self._seed
+            dataset, num_replicas=self._dims.dp_size, rank=self._dims.dp_rank, shuffle=shuffle, seed=self._seed
         )
         # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same;
         # each batch carries its pairs' dataset indices (where precomputed reference log-probs are looked up)
@@ -533,10 +440,18 @@ class FullDPORecipeDistributed:
                 pbar.update(1)
 
                 if self.global_step % self._log_every_n_steps == 0:
-                    loss = self._mean_loss_since_log() / steps_since_log
+                    loss = training.mean_over_ranks(self._loss_since_log).item() / steps_since_log  # a collective
                     # the preference metrics' sums of every rank, one collective at logging steps only
                     preference = self._metrics.compute(all_reduce=training.all_reduce_sum)
-                    metrics = self._step_metrics(loss, grad_norm, throughput.compute(), preference, optimizer_metrics)
+                    metrics = training.step_metrics(  # reads tensors: the loop's one host-device sync
+                        loss=loss,
+                        optimizer=self._optimizer,
+                        tokens_per_second=throughput.compute()["tokens_per_second"],
+                        grad_norm=grad_norm,
+                        extra=(preference, optimizer_metrics),
+                        memory_device=self._device if self._log_peak_memory_stats else None,  # rank 0's
+                        parallel=self._dims,  # tokens/s summed over the ranks (a collective)
+                    )
                     with training.errors_on_all_ranks():  # rank 0 writes; a failed write stops every rank
                         self._metric_logger.log_dict(metrics, step=self.global_step)
                     pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {metrics['loss']:.4f}")
@@ -560,10 +475,6 @@ class FullDPORecipeDistributed:
         # precomputed reference log-probs [b, 2] of the pairs at these dataset indices (every rank holds all pairs)
         return None if table is None else table[indices.to(self._device)]
 
-    def _mean_loss_since_log(self) -> float:
-        # each rank holds its share of every step's mean loss: their sum over ranks is world_size x the mean
-        return (training.all_reduce_sum(self._loss_since_log) / self._world_size).item()
-
     def _optimizer_step(self) -> tuple[torch.Tensor, dict[str, Any]]:
         grad_norm = training.clip_grad_norm(self._model.parameters(), self._clip_grad_norm)  # over all shards
         out = self._optimizer.step()  # a user's optimizer may return metrics to log
@@ -572,22 +483,6 @@ class FullDPORecipeDistributed:
             self._lr_scheduler.step()
         return grad_norm, out if isinstance(out, dict) else {}
 
-    def _step_metrics(self, loss: float, grad_norm: torch.Tensor, throughput: dict[str, float], *extra: dict) -> dict:
-        # at logging steps only: reads tensors (the loop's one host-device sync) and sums tokens/s over all ranks
-        rank_tps = torch.tensor(throughput["tokens_per_second"], dtype=torch.float64, device=self._device)
-        total_tps = training.all_reduce_sum(rank_tps).item()
-        metrics = training.step_metrics(
-            loss=loss,
-            optimizer=self._optimizer,
-            tokens_per_second=total_tps,
-            grad_norm=grad_norm,
-            extra=extra,
-            memory_device=self._device if self._log_peak_memory_stats else None,  # rank 0's
-        )
-        metrics["tokens_per_second_per_gpu"] = total_tps / self._world_size
-        return metrics
-
-    @torch.no_grad()
     def _validate(self) -> None:
         """The mean loss and the reward metrics over the held-out pairs of all ranks, logged with a ``val_``
         prefix."""

@@ -18,28 +18,19 @@ every rank with torch.distributed.checkpoint (``output_dir/dcp/step_N/``). The f
 
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, ListConfig
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.utils.data import DataLoader
 
 from tune import config, training, utils
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
 from tune.modules.loss import shift_labels
-from tune.training.checkpointing import DistributedCheckpointer, StatefulDistributedSampler
+from tune.training.checkpointing import StatefulDistributedSampler
 
 RECIPE_INFO = {
     "supports_distributed": True,
@@ -49,7 +40,6 @@ RECIPE_INFO = {
 }
 
 log = utils.get_logger(name="tune.recipes.full_finetune_distributed")
-PROGRESS_KEY = "progress"
 
 
 def log_info(message: str, *args: Any) -> None:
@@ -92,7 +82,6 @@ class FullFinetuneRecipeDistributed:
         self._tensor_parallel_dim = cfg.tensor_parallel_dim
         self._expert_parallel_dim = cfg.expert_parallel_dim
         self._fsdp_cpu_offload = cfg.fsdp_cpu_offload
-        self._fsdp_reshard_after_forward = cfg.fsdp_reshard_after_forward
         self._save_every_n_steps = cfg.save_every_n_steps
         self._run_val_every_n_steps = cfg.run_val_every_n_steps
         self._max_validation_steps = cfg.max_validation_steps
@@ -104,8 +93,7 @@ class FullFinetuneRecipeDistributed:
             self._finetuning_schedule = training.FinetuningSchedule(
                 cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition
             )
-        self._init_distributed(cfg)
-        self._configured_seed = cfg.seed
+        self._dims = config.init_parallel(cfg, self._device)  # process group and device meshes
         self._seed = training.set_seed(training.sync_seed(cfg.seed))  # the same on every rank
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
@@ -113,41 +101,13 @@ class FullFinetuneRecipeDistributed:
         # a NaN/inf loss on any rank stops every rank at the same step
         self._loss_check = training.FiniteLossCheck(self._device, all_reduce=training.all_reduce_sum)
 
-    def _init_distributed(self, cfg: DictConfig) -> None:
-        # the process group (from torchrun's environment) and the (dp_shard, tp) mesh over it
-        backend = cfg.dist_backend
-        if backend is None and self._device.type == "cuda":
-            backend = "cuda:nccl,cpu:gloo"  # NCCL for the model's tensors, gloo for CPU-side state (DCP)
-        with config.errors_at("dist_backend", backend):
-            training.init_distributed(backend)
-        self._world_size, self._rank = dist.get_world_size(), dist.get_rank()
-        self._is_rank_zero = self._rank == 0
-        with config.errors_at("tensor_parallel_dim", self._tensor_parallel_dim):
-            self._mesh = training.init_device_mesh(self._world_size, self._tensor_parallel_dim, self._device.type)
-        self._dp_rank, self._dp_size = training.data_parallel_rank_and_size(self._mesh)
-        self._tp_size = training.tensor_parallel_size(self._mesh)
-        self._ep_mesh = None  # expert parallelism: groups of expert_parallel_dim ranks, each holding whole experts
-        if self._expert_parallel_dim > 1:
-            with config.errors_at("expert_parallel_dim", self._expert_parallel_dim):
-                self._ep_mesh = training.init_expert_parallel_mesh(
-                    self._world_size, self._expert_parallel_dim, self._device.type
-                )
-        log_info(
-            "%d processes: %d data-parallel shard(s) x %d tensor-parallel rank(s), %d expert-parallel, backend %s.",
-            self._world_size,
-            self._dp_size,
-            self._tp_size,
-            self._expert_parallel_dim,
-            dist.get_backend(),
-        )
-
     # ------------------------------------------------------------------------------------------------ checkpoint
 
     def load_checkpoint(self, cfg_checkpointer: DictConfig) -> dict[str, Any]:
         """Builds the checkpointers and reads the full model weights (every rank maps the same files).
 
         The checkpointer of the config reads the base model and writes the gathered outputs; the training state
-        of a resumed run comes from the sharded checkpoints in ``output_dir/dcp`` (:meth:`_restore_recipe_state`).
+        of a resumed run comes from the sharded checkpoints in ``output_dir/dcp`` (``ShardedRecipeState``).
 
         Args:
             cfg_checkpointer (DictConfig): the ``checkpointer`` section.
@@ -155,14 +115,8 @@ class FullFinetuneRecipeDistributed:
         Returns:
             dict[str, Any]: the full model state under ``training.MODEL_KEY``.
         """
-        extra = {"resume_from_checkpoint": False}  # the base weights come from checkpoint_dir; the rest from DCP
-        if self._keep_last_n_checkpoints is not None:
-            extra["keep_last_n_checkpoints"] = self._keep_last_n_checkpoints
-        self._checkpointer = config.instantiate(cfg_checkpointer, **extra)
-        self._dcp_checkpointer = DistributedCheckpointer(
-            output_dir=Path(self._output_dir) / "dcp",
-            resume_from_checkpoint=self._resume,
-            keep_last_n_checkpoints=self._keep_last_n_checkpoints,
+        self._checkpointer = config.instantiate_checkpointer(
+            cfg_checkpointer, resume_from_checkpoint=False, keep_last_n_checkpoints=self._keep_last_n_checkpoints
         )
         return self._checkpointer.load_checkpoint()
 
@@ -175,79 +129,7 @@ class FullFinetuneRecipeDistributed:
         Args:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
-        if self.global_step < self._total_steps:
-            self._dcp_checkpointer.save_checkpoint(
-                self._sharded_state(epoch), epoch=self.epochs_run, step=self.global_step, config=self._cfg
-            )
-        full_state = training.gather_cpu_state_dict(self._model)  # a collective; only rank 0 receives it
-        with training.errors_on_all_ranks():  # the others wait for rank 0's save, and stop with it if it fails
-            if self._is_rank_zero:
-                self._checkpointer.save_checkpoint(
-                    {training.MODEL_KEY: full_state}, epoch=self.epochs_run, step=self.global_step, config=self._cfg
-                )
-
-    def _sharded_state(self, epoch: int) -> dict[str, Any]:
-        return {
-            training.MODEL_KEY: get_model_state_dict(self._model),
-            training.OPT_KEY: get_optimizer_state_dict(self._model, self._optimizer),
-            PROGRESS_KEY: self._progress_state(epoch),
-        }
-
-    def _progress_state(self, epoch: int) -> dict[str, Any]:
-        return training.progress_state(
-            seed=self._seed,
-            epochs_run=self.epochs_run,
-            total_epochs=self._epochs,
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            global_step=self.global_step,
-            steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
-            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
-            sampler=self._sampler,
-            lr_scheduler=self._lr_scheduler,
-            finetuning_schedule=self._finetuning_schedule,
-        )
-
-    def _restore_recipe_state(self) -> None:
-        progress = self._dcp_checkpointer.load_checkpoint({PROGRESS_KEY: self._progress_state(0)})[PROGRESS_KEY]
-        self.epochs_run, self.global_step, self._seed = training.restore_progress(
-            progress,
-            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            sampler=self._sampler,  # its position is per data-parallel rank: resumes only with as many of them
-            load_optimizer=self._load_sharded_state,
-            lr_scheduler=self._lr_scheduler,
-            finetuning_schedule=self._finetuning_schedule,
-            logger=log,
-        )
-        log_info(
-            "Resumed from %s after %d optimizer steps (%d epochs complete).",
-            self._dcp_checkpointer.resume_dir,
-            self.global_step,
-            self.epochs_run,
-        )
-
-    def _load_sharded_state(self) -> None:
-        state = {
-            training.MODEL_KEY: get_model_state_dict(self._model),
-            training.OPT_KEY: self._saved_optimizer_state(),
-        }
-        self._dcp_checkpointer.load_checkpoint(state)  # each rank reads its own shards
-        set_model_state_dict(self._model, state[training.MODEL_KEY])
-        # strict=False: the parameters left out by _saved_optimizer_state keep no state, as in the first run
-        set_optimizer_state_dict(
-            self._model, self._optimizer, state[training.OPT_KEY], options=StateDictOptions(strict=False)
-        )
-
-    def _saved_optimizer_state(self) -> dict[str, Any]:
-        # the optimizer state to load into: the fresh optimizer's (its states created by a zero step), less the
-        # parameters that had no state when the checkpoint was written (not stepped yet, e.g. the parameters a
-        # finetuning_schedule had just unfrozen): the resumed run must create theirs when they first step too
-        state = get_optimizer_state_dict(self._model, self._optimizer)
-        saved = FileSystemReader(str(self._dcp_checkpointer.resume_dir)).read_metadata().state_dict_metadata
-        prefix = f"{training.OPT_KEY}.state."
-        stepped = {key[len(prefix) :].rsplit(".", 1)[0] for key in saved if key.startswith(prefix)}
-        state["state"] = {name: value for name, value in state["state"].items() if name in stepped}
-        return state
+        self._recipe_state.save(epoch=epoch, epochs_run=self.epochs_run, global_step=self.global_step, config=self._cfg)
 
     # ---------------------------------------------------------------------------------------------------- setup
 
@@ -280,7 +162,7 @@ class FullFinetuneRecipeDistributed:
             )
         with config.errors_at("batch_size", cfg.batch_size):
             self._steps_per_epoch = training.steps_per_epoch(
-                len(self._dataloader), self._gradient_accumulation_steps, self._max_steps_per_epoch, self._dp_size
+                len(self._dataloader), self._gradient_accumulation_steps, self._max_steps_per_epoch, self._dims.dp_size
             )
         self._total_steps = self._epochs * self._steps_per_epoch
         self._lr_scheduler = config.instantiate_lr_scheduler(cfg.lr_scheduler, self._optimizer, self._total_steps)
@@ -288,8 +170,24 @@ class FullFinetuneRecipeDistributed:
         self._profiler = training.DummyProfiler()
         if cfg.profiler is not None:
             self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
+        self._recipe_state = training.ShardedRecipeState(  # what a save writes and a resume restores
+            self._model,
+            self._optimizer,
+            checkpointer=self._checkpointer,
+            output_dir=self._output_dir,
+            sampler=self._sampler,
+            seed=self._seed,
+            epochs=self._epochs,
+            steps_per_epoch=self._steps_per_epoch,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
+            lr_scheduler=self._lr_scheduler,
+            finetuning_schedule=self._finetuning_schedule,
+            keep_last_n_checkpoints=self._keep_last_n_checkpoints,
+            resume_from_checkpoint=self._resume,
+        )
         if self._resume:
-            self._restore_recipe_state()
+            self.epochs_run, self.global_step, self._seed = self._recipe_state.restore(cfg.seed, log)
         with training.errors_on_all_ranks():  # written by rank 0
             config.save_config(cfg, self._output_dir)
 
@@ -297,28 +195,18 @@ class FullFinetuneRecipeDistributed:
         with training.set_default_dtype(self._dtype), torch.device("meta"):
             model = config.instantiate(cfg.model)  # no memory yet: each rank materialises only its shards
         model = self._apply_model_converters(model)
-        if self._tp_size > 1:  # the config's tensor_parallel_plan, else the model family's
-            with config.errors_at("tensor_parallel_dim", self._tp_size):
+        if self._dims.tp_size > 1:  # the config's tensor_parallel_plan, else the model family's
+            with config.errors_at("tensor_parallel_dim", self._dims.tp_size):
                 plan = config.instantiate_tensor_parallel_plan(
-                    cfg.tensor_parallel_plan, model, cfg.checkpointer.get("model_type")
+                    cfg.tensor_parallel_plan, model, self._checkpointer.model_family
                 )
-                training.apply_tensor_parallel(model, plan, self._mesh["tp"])
-        if self._ep_mesh is not None:  # each rank keeps whole experts; the MoE layers exchange tokens by all-to-all
+                training.apply_tensor_parallel(model, plan, self._dims.mesh["tp"])
+        if self._dims.ep_mesh is not None:  # each rank keeps whole experts; the MoE layers exchange tokens
             with config.errors_at("expert_parallel_dim", self._expert_parallel_dim):
-                training.apply_expert_parallel(model, self._ep_mesh)
+                training.apply_expert_parallel(model, self._dims.ep_mesh)
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
-        fsdp_dtypes = cfg.fsdp_mixed_precision or {}
-        training.shard_model(
-            model,
-            training.family_shard_conditions(model, cfg.checkpointer.get("model_type")),
-            cpu_offload=self._fsdp_cpu_offload,
-            reshard_after_forward=self._fsdp_reshard_after_forward,
-            param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
-            reduce_dtype=utils.get_dtype(fsdp_dtypes.get("reduce_dtype", "fp32")),
-            dp_mesh=self._mesh["dp_shard"],
-            expert_mesh=self._ep_mesh,  # expert-parallel experts: their own units over the ranks holding them
-        )
+        config.shard_model(cfg, model, self._dims, self._checkpointer.model_family)  # FSDP2, as the config says
         training.load_from_full_model_state_dict(
             model, full_state_dict, self._device, strict=True, cpu_offload=self._fsdp_cpu_offload
         )
@@ -326,7 +214,9 @@ class FullFinetuneRecipeDistributed:
             training.compile_model(model)
         self._activations_ctx = training.activation_offloading_context(self._enable_activation_offloading, self._device)
         num_params = sum(p.numel() for p in model.parameters())  # DTensors report their full sizes
-        log_info("Model: %s parameters in %s, sharded over %d ranks.", f"{num_params:,}", self._dtype, self._world_size)
+        log_info(
+            "Model: %s parameters in %s, sharded over %d ranks.", f"{num_params:,}", self._dtype, self._dims.world_size
+        )
         return model
 
     def _apply_model_converters(self, model: nn.Module) -> nn.Module:
@@ -365,7 +255,7 @@ class FullFinetuneRecipeDistributed:
         )
         # one shard of the data per data-parallel rank; the ranks of a tensor-parallel group share theirs
         sampler = StatefulDistributedSampler(
-            dataset, num_replicas=self._dp_size, rank=self._dp_rank, shuffle=shuffle, seed=self._seed
+            dataset, num_replicas=self._dims.dp_size, rank=self._dims.dp_rank, shuffle=shuffle, seed=self._seed
         )
         # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same
         loader = DataLoader(
@@ -439,8 +329,16 @@ class FullFinetuneRecipeDistributed:
                 pbar.update(1)
 
                 if self.global_step % self._log_every_n_steps == 0:
-                    loss = self._mean_loss_since_log() / steps_since_log
-                    metrics = self._step_metrics(loss, grad_norm, throughput.compute(), aux_metrics, optimizer_metrics)
+                    loss = training.mean_over_ranks(self._loss_since_log).item() / steps_since_log  # a collective
+                    metrics = training.step_metrics(  # reads tensors: the loop's one host-device sync
+                        loss=loss,
+                        optimizer=self._optimizer,
+                        tokens_per_second=throughput.compute()["tokens_per_second"],
+                        grad_norm=grad_norm,
+                        extra=(aux_metrics, optimizer_metrics),
+                        memory_device=self._device if self._log_peak_memory_stats else None,  # rank 0's
+                        parallel=self._dims,  # tokens/s summed over the ranks (a collective)
+                    )
                     with training.errors_on_all_ranks():  # rank 0 writes; a failed write stops every rank
                         self._metric_logger.log_dict(metrics, step=self.global_step)
                     pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {metrics['loss']:.4f}")
@@ -464,11 +362,6 @@ class FullFinetuneRecipeDistributed:
             pbar.close()
         self._profiler.stop()
 
-    def _mean_loss_since_log(self) -> float:
-        # each rank holds its share of every step's mean loss: their sum over ranks is world_size x the mean
-        # (tensor-parallel ranks of one group hold equal shares). A collective.
-        return (training.all_reduce_sum(self._loss_since_log) / self._world_size).item()
-
     def _optimizer_step(self) -> tuple[torch.Tensor, dict[str, Any]]:
         grad_norm = training.clip_grad_norm(self._model.parameters(), self._clip_grad_norm)  # over all shards
         out = self._optimizer.step()  # a user's optimizer may return metrics to log
@@ -476,21 +369,6 @@ class FullFinetuneRecipeDistributed:
         if self._lr_scheduler is not None:
             self._lr_scheduler.step()
         return grad_norm, out if isinstance(out, dict) else {}
-
-    def _step_metrics(self, loss: float, grad_norm: torch.Tensor, throughput: dict[str, float], *extra: dict) -> dict:
-        # at logging steps only: reads tensors (the loop's one host-device sync) and sums tokens/s over all ranks
-        rank_tps = torch.tensor(throughput["tokens_per_second"], dtype=torch.float64, device=self._device)
-        total_tps = training.all_reduce_sum(rank_tps).item() / self._tp_size  # a tp group shares one batch
-        metrics = training.step_metrics(
-            loss=loss,
-            optimizer=self._optimizer,
-            tokens_per_second=total_tps,
-            grad_norm=grad_norm,
-            extra=extra,
-            memory_device=self._device if self._log_peak_memory_stats else None,  # rank 0's
-        )
-        metrics["tokens_per_second_per_gpu"] = total_tps / self._world_size
-        return metrics
 
     def _validate(self) -> float:
         # each data-parallel rank evaluates its shard of the validation set; the sums are taken over all ranks

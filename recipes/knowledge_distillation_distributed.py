@@ -22,38 +22,19 @@ gathered to rank 0 (``output_dir/step_N/``), and the sharded adapter and optimiz
 
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, ListConfig
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.utils.data import DataLoader
 
 from tune import config, training, utils
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
 from tune.modules.loss import shift_labels
-from tune.modules.peft import (
-    get_adapter_config,
-    get_adapter_params,
-    get_adapter_state_dict,
-    get_merged_lora_ckpt,
-    initialize_dora_magnitudes,
-    is_adapter_key,
-    set_trainable_params,
-    validate_lora_state_dict_load,
-)
-from tune.training.checkpointing import DistributedCheckpointer, StatefulDistributedSampler
+from tune.training.checkpointing import StatefulDistributedSampler
 
 RECIPE_INFO = {
     "supports_distributed": True,
@@ -63,7 +44,6 @@ RECIPE_INFO = {
 }
 
 log = utils.get_logger(name="tune.recipes.knowledge_distillation_distributed")
-PROGRESS_KEY = "progress"
 
 
 def log_info(message: str, *args: Any) -> None:
@@ -110,7 +90,6 @@ class KDRecipeDistributed:
         self._enable_activation_offloading = cfg.enable_activation_offloading
         self._tensor_parallel_dim = cfg.tensor_parallel_dim
         self._fsdp_cpu_offload = cfg.fsdp_cpu_offload
-        self._fsdp_reshard_after_forward = cfg.fsdp_reshard_after_forward
         self._save_every_n_steps = cfg.save_every_n_steps
         self._run_val_every_n_steps = cfg.run_val_every_n_steps
         self._max_validation_steps = cfg.max_validation_steps
@@ -122,8 +101,7 @@ class KDRecipeDistributed:
             self._finetuning_schedule = training.FinetuningSchedule(
                 cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition
             )
-        self._init_distributed(cfg)
-        self._configured_seed = cfg.seed
+        self._dims = config.init_parallel(cfg, self._device)  # process group and device meshes
         self._seed = training.set_seed(training.sync_seed(cfg.seed))  # the same on every rank
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
@@ -131,27 +109,6 @@ class KDRecipeDistributed:
         self._losses_since_log = torch.zeros(3, dtype=torch.float32, device=self._device)
         # a NaN/inf loss on any rank stops every rank at the same step
         self._loss_check = training.FiniteLossCheck(self._device, all_reduce=training.all_reduce_sum)
-
-    def _init_distributed(self, cfg: DictConfig) -> None:
-        # the process group (from torchrun's environment) and the (dp_shard, tp) mesh over it
-        backend = cfg.dist_backend
-        if backend is None and self._device.type == "cuda":
-            backend = "cuda:nccl,cpu:gloo"  # NCCL for the model's tensors, gloo for CPU-side state (DCP)
-        with config.errors_at("dist_backend", backend):
-            training.init_distributed(backend)
-        self._world_size, self._rank = dist.get_world_size(), dist.get_rank()
-        self._is_rank_zero = self._rank == 0
-        with config.errors_at("tensor_parallel_dim", self._tensor_parallel_dim):
-            self._mesh = training.init_device_mesh(self._world_size, self._tensor_parallel_dim, self._device.type)
-        self._dp_rank, self._dp_size = training.data_parallel_rank_and_size(self._mesh)
-        self._tp_size = training.tensor_parallel_size(self._mesh)
-        log_info(
-            "%d processes: %d data-parallel shard(s) x %d tensor-parallel rank(s), backend %s.",
-            self._world_size,
-            self._dp_size,
-            self._tp_size,
-            dist.get_backend(),
-        )
 
     # ------------------------------------------------------------------------------------------------ checkpoint
 
@@ -169,14 +126,8 @@ class KDRecipeDistributed:
             dict[str, Any]: the full base model state under ``training.MODEL_KEY``, and the adapter under
             ``training.ADAPTER_KEY`` when ``adapter_checkpoint`` is set.
         """
-        extra = {"resume_from_checkpoint": False}  # the base weights come from checkpoint_dir; the rest from DCP
-        if self._keep_last_n_checkpoints is not None:
-            extra["keep_last_n_checkpoints"] = self._keep_last_n_checkpoints
-        self._checkpointer = config.instantiate(cfg_checkpointer, **extra)
-        self._dcp_checkpointer = DistributedCheckpointer(
-            output_dir=Path(self._output_dir) / "dcp",
-            resume_from_checkpoint=self._resume,
-            keep_last_n_checkpoints=self._keep_last_n_checkpoints,
+        self._checkpointer = config.instantiate_checkpointer(
+            cfg_checkpointer, resume_from_checkpoint=False, keep_last_n_checkpoints=self._keep_last_n_checkpoints
         )
         return self._checkpointer.load_checkpoint()
 
@@ -190,6 +141,7 @@ class KDRecipeDistributed:
             dict[str, Any]: the teacher's state under ``training.MODEL_KEY``.
         """
         checkpointer = config.instantiate(cfg_teacher_checkpointer, resume_from_checkpoint=False)
+        self._teacher_model_family = checkpointer.model_family  # its FSDP units follow its family's rule
         return checkpointer.load_checkpoint()
 
     def save_checkpoint(self, epoch: int) -> None:
@@ -203,98 +155,7 @@ class KDRecipeDistributed:
         Args:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
-        if self.global_step < self._total_steps:
-            self._dcp_checkpointer.save_checkpoint(
-                self._sharded_state(epoch), epoch=self.epochs_run, step=self.global_step, config=self._cfg
-            )
-        # a collective; only rank 0 receives the full tensors (NF4 base weights dequantised)
-        key_filter = is_adapter_key if self._save_adapter_weights_only else None
-        full_state = training.gather_cpu_state_dict(self._model, key_filter=key_filter)
-        with training.errors_on_all_ranks():  # the others wait for rank 0's save, and stop with it if it fails
-            if self._is_rank_zero:
-                state = {
-                    training.ADAPTER_KEY: get_adapter_state_dict(full_state),
-                    training.ADAPTER_CONFIG: self._adapter_config,
-                }
-                if not self._save_adapter_weights_only:
-                    # the merged model has the base architecture: it loads without any LoRA code
-                    state[training.MODEL_KEY] = get_merged_lora_ckpt(
-                        full_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"]
-                    )
-                self._checkpointer.save_checkpoint(
-                    state,
-                    epoch=self.epochs_run,
-                    step=self.global_step,
-                    adapter_only=self._save_adapter_weights_only,
-                    config=self._cfg,
-                )
-
-    def _sharded_state(self, epoch: int) -> dict[str, Any]:
-        return {
-            training.MODEL_KEY: self._adapter_state(),
-            training.OPT_KEY: get_optimizer_state_dict(self._model, self._optimizer),
-            PROGRESS_KEY: self._progress_state(epoch),
-        }
-
-    def _adapter_state(self) -> dict[str, Any]:
-        # only the adapters change: the frozen base is the checkpoint_dir's, loaded again on resume
-        return {k: v for k, v in get_model_state_dict(self._model).items() if is_adapter_key(k)}
-
-    def _progress_state(self, epoch: int) -> dict[str, Any]:
-        return training.progress_state(
-            seed=self._seed,
-            epochs_run=self.epochs_run,
-            total_epochs=self._epochs,
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            global_step=self.global_step,
-            steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
-            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
-            sampler=self._sampler,
-            lr_scheduler=self._lr_scheduler,
-            finetuning_schedule=self._finetuning_schedule,
-        )
-
-    def _restore_recipe_state(self) -> None:
-        progress = self._dcp_checkpointer.load_checkpoint({PROGRESS_KEY: self._progress_state(0)})[PROGRESS_KEY]
-        self.epochs_run, self.global_step, self._seed = training.restore_progress(
-            progress,
-            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            sampler=self._sampler,  # its position is per data-parallel rank: resumes only with as many of them
-            load_optimizer=self._load_sharded_state,
-            lr_scheduler=self._lr_scheduler,
-            finetuning_schedule=self._finetuning_schedule,
-            logger=log,
-        )
-        log_info(
-            "Resumed from %s after %d optimizer steps (%d epochs complete).",
-            self._dcp_checkpointer.resume_dir,
-            self.global_step,
-            self.epochs_run,
-        )
-
-    def _load_sharded_state(self) -> None:
-        state = {
-            training.MODEL_KEY: self._adapter_state(),
-            training.OPT_KEY: self._saved_optimizer_state(),
-        }
-        self._dcp_checkpointer.load_checkpoint(state)  # each rank reads its own shards
-        set_model_state_dict(self._model, state[training.MODEL_KEY], options=StateDictOptions(strict=False))
-        # strict=False: the parameters left out by _saved_optimizer_state keep no state, as in the first run
-        set_optimizer_state_dict(
-            self._model, self._optimizer, state[training.OPT_KEY], options=StateDictOptions(strict=False)
-        )
-
-    def _saved_optimizer_state(self) -> dict[str, Any]:
-        # the optimizer state to load into: the fresh optimizer's (its states created by a zero step), less the
-        # parameters that had no state when the checkpoint was written (not stepped yet, e.g. the parameters a
-        # finetuning_schedule had just unfrozen): the resumed run must create theirs when they first step too
-        state = get_optimizer_state_dict(self._model, self._optimizer)
-        saved = FileSystemReader(str(self._dcp_checkpointer.resume_dir)).read_metadata().state_dict_metadata
-        prefix = f"{training.OPT_KEY}.state."
-        stepped = {key[len(prefix) :].rsplit(".", 1)[0] for key in saved if key.startswith(prefix)}
-        state["state"] = {name: value for name, value in state["state"].items() if name in stepped}
-        return state
+        self._recipe_state.save(epoch=epoch, epochs_run=self.epochs_run, global_step=self.global_step, config=self._cfg)
 
     # ---------------------------------------------------------------------------------------------------- setup
 
@@ -328,7 +189,7 @@ class KDRecipeDistributed:
             )
         with config.errors_at("batch_size", cfg.batch_size):
             self._steps_per_epoch = training.steps_per_epoch(
-                len(self._dataloader), self._gradient_accumulation_steps, self._max_steps_per_epoch, self._dp_size
+                len(self._dataloader), self._gradient_accumulation_steps, self._max_steps_per_epoch, self._dims.dp_size
             )
         self._total_steps = self._epochs * self._steps_per_epoch
         self._lr_scheduler = config.instantiate_lr_scheduler(cfg.lr_scheduler, self._optimizer, self._total_steps)
@@ -336,8 +197,26 @@ class KDRecipeDistributed:
         self._profiler = training.DummyProfiler()
         if cfg.profiler is not None:
             self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
+        self._recipe_state = training.ShardedRecipeState(  # what a save writes and a resume restores
+            self._model,
+            self._optimizer,
+            checkpointer=self._checkpointer,
+            output_dir=self._output_dir,
+            sampler=self._sampler,
+            seed=self._seed,
+            epochs=self._epochs,
+            steps_per_epoch=self._steps_per_epoch,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
+            lr_scheduler=self._lr_scheduler,
+            finetuning_schedule=self._finetuning_schedule,
+            adapter_config=self._adapter_config,
+            save_adapter_weights_only=self._save_adapter_weights_only,
+            keep_last_n_checkpoints=self._keep_last_n_checkpoints,
+            resume_from_checkpoint=self._resume,
+        )
         if self._resume:
-            self._restore_recipe_state()
+            self.epochs_run, self.global_step, self._seed = self._recipe_state.restore(cfg.seed, log)
         with training.errors_on_all_ranks():  # written by rank 0
             config.save_config(cfg, self._output_dir)
 
@@ -347,16 +226,16 @@ class KDRecipeDistributed:
         with training.set_default_dtype(self._dtype), torch.device("meta"):
             model = config.instantiate(cfg.model)  # no memory yet: each rank materialises only its shards
         model = self._apply_model_converters(model)  # a LoRAConverter puts adapters on a model built without them
-        adapter_params = self._check_adapters(model, cfg.model)
+        with config.errors_at("model._component_", cfg.model._component_):  # only the adapters learn
+            _, self._adapter_config = training.prepare_lora_model(model)
         # the same seed on every rank (set in __init__, nothing random drawn since): equal adapters everywhere
         training.init_adapters(model, self._shard_device())
-        set_trainable_params(model, adapter_params)  # only the adapters learn
-        if self._tp_size > 1:  # refused for LoRA layers, with the reason
-            with config.errors_at("tensor_parallel_dim", self._tp_size):
+        if self._dims.tp_size > 1:  # refused for LoRA layers, with the reason
+            with config.errors_at("tensor_parallel_dim", self._dims.tp_size):
                 plan = config.instantiate_tensor_parallel_plan(
-                    cfg.tensor_parallel_plan, model, cfg.checkpointer.get("model_type")
+                    cfg.tensor_parallel_plan, model, self._checkpointer.model_family
                 )
-                training.apply_tensor_parallel(model, plan, self._mesh["tp"])
+                training.apply_tensor_parallel(model, plan, self._dims.mesh["tp"])
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         self._shard_and_load(cfg, model, base_state_dict, adapter_state_dict)
@@ -370,7 +249,7 @@ class KDRecipeDistributed:
             f"{num_params:,}",
             f"{num_trainable:,}",
             self._dtype,
-            self._world_size,
+            self._dims.world_size,
         )
         return model
 
@@ -380,16 +259,7 @@ class KDRecipeDistributed:
         with config.errors_at("teacher_model"):
             training.check_same_vocabulary(self._model, teacher)
         training.prepare_teacher(teacher)  # eval mode, no gradients
-        fsdp_dtypes = cfg.fsdp_mixed_precision or {}
-        training.shard_model(  # the student's FSDP2 units and settings
-            teacher,
-            training.family_shard_conditions(teacher, cfg.teacher_checkpointer.get("model_type")),
-            cpu_offload=self._fsdp_cpu_offload,
-            reshard_after_forward=self._fsdp_reshard_after_forward,
-            param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
-            reduce_dtype=utils.get_dtype(fsdp_dtypes.get("reduce_dtype", "fp32")),
-            dp_mesh=self._mesh["dp_shard"],
-        )
+        config.shard_model(cfg, teacher, self._dims, self._teacher_model_family)  # FSDP2, as the config says
         try:  # every teacher weight must come from its checkpoint
             training.load_from_full_model_state_dict(
                 teacher, state_dict, self._device, strict=True, cpu_offload=self._fsdp_cpu_offload
@@ -410,23 +280,9 @@ class KDRecipeDistributed:
             "Teacher: %s frozen parameters in %s, sharded over %d ranks.",
             f"{num_params:,}",
             self._dtype,
-            self._world_size,
+            self._dims.world_size,
         )
         return teacher
-
-    def _check_adapters(self, model: nn.Module, cfg_model: DictConfig) -> dict[str, nn.Parameter]:
-        adapter_params = get_adapter_params(model)
-        if not adapter_params:
-            raise config.ConfigError(
-                config.ConfigProblem(
-                    "model._component_",
-                    "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
-                    "builder or add tune.training.LoRAConverter to model_converters",
-                    cfg_model._component_,
-                )
-            )
-        self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
-        return adapter_params
 
     def _shard_and_load(
         self,
@@ -435,30 +291,11 @@ class KDRecipeDistributed:
         base_state_dict: dict[str, Any],
         adapter_state_dict: dict[str, Any] | None,
     ) -> None:
-        fsdp_dtypes = cfg.fsdp_mixed_precision or {}
-        training.shard_model(
-            model,
-            training.family_shard_conditions(model, cfg.checkpointer.get("model_type")),
-            cpu_offload=self._fsdp_cpu_offload,
-            reshard_after_forward=self._fsdp_reshard_after_forward,
-            param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
-            reduce_dtype=utils.get_dtype(fsdp_dtypes.get("reduce_dtype", "fp32")),
-            dp_mesh=self._mesh["dp_shard"],
+        config.shard_model(cfg, model, self._dims, self._checkpointer.model_family)  # FSDP2, as the config says
+        # the base weights, then a saved adapter if set (a resumed run loads its adapters from DCP later)
+        training.load_lora_state_dicts(
+            model, base_state_dict, adapter_state_dict, device=self._device, cpu_offload=self._fsdp_cpu_offload
         )
-        model_keys = set(model.state_dict())
-        validate_lora_state_dict_load(
-            model, model_keys - set(base_state_dict), set(base_state_dict) - model_keys, loaded="base"
-        )
-        device, offload = self._device, self._fsdp_cpu_offload
-        training.load_from_full_model_state_dict(model, base_state_dict, device, strict=False, cpu_offload=offload)
-        initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
-        if adapter_state_dict is not None:  # continuing from a saved adapter (a resumed run loads DCP later)
-            validate_lora_state_dict_load(
-                model, model_keys - set(adapter_state_dict), set(adapter_state_dict) - model_keys, loaded="adapter"
-            )
-            training.load_from_full_model_state_dict(
-                model, adapter_state_dict, device, strict=False, cpu_offload=offload
-            )
         training.validate_no_params_on_meta_device(model)  # adapters not loaded must have been initialised
 
     def _shard_device(self) -> torch.device:
@@ -500,7 +337,7 @@ class KDRecipeDistributed:
         )
         # one shard of the data per data-parallel rank; the ranks of a tensor-parallel group share theirs
         sampler = StatefulDistributedSampler(
-            dataset, num_replicas=self._dp_size, rank=self._dp_rank, shuffle=shuffle, seed=self._seed
+            dataset, num_replicas=self._dims.dp_size, rank=self._dims.dp_rank, shuffle=shuffle, seed=self._seed
         )
         # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same
         loader = DataLoader(
@@ -582,7 +419,15 @@ class KDRecipeDistributed:
                 if self.global_step % self._log_every_n_steps == 0:
                     loss, class_loss, kd_loss = self._mean_losses_since_log(steps_since_log)
                     parts = {"class_loss": class_loss, "kd_loss": kd_loss}
-                    metrics = self._step_metrics(loss, grad_norm, throughput.compute(), parts, optimizer_metrics)
+                    metrics = training.step_metrics(  # reads tensors: the loop's one host-device sync
+                        loss=loss,
+                        optimizer=self._optimizer,
+                        tokens_per_second=throughput.compute()["tokens_per_second"],
+                        grad_norm=grad_norm,
+                        extra=(parts, optimizer_metrics),
+                        memory_device=self._device if self._log_peak_memory_stats else None,  # rank 0's
+                        parallel=self._dims,  # tokens/s summed over the ranks (a collective)
+                    )
                     with training.errors_on_all_ranks():  # rank 0 writes; a failed write stops every rank
                         self._metric_logger.log_dict(metrics, step=self.global_step)
                     pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {metrics['loss']:.4f}")
@@ -609,7 +454,7 @@ class KDRecipeDistributed:
     def _mean_losses_since_log(self, num_steps: int) -> list[float]:
         # each rank holds its share of every step's mean losses: their sum over ranks is world_size x the means.
         # A collective, and the loop's one host-device sync.
-        return (training.all_reduce_sum(self._losses_since_log) / (self._world_size * num_steps)).tolist()
+        return (training.all_reduce_sum(self._losses_since_log) / (self._dims.world_size * num_steps)).tolist()
 
     def _optimizer_step(self) -> tuple[torch.Tensor, dict[str, Any]]:
         grad_norm = training.clip_grad_norm(self._trainable_params(), self._clip_grad_norm)  # over all shards
@@ -621,21 +466,6 @@ class KDRecipeDistributed:
 
     def _trainable_params(self) -> list[nn.Parameter]:
         return [p for p in self._model.parameters() if p.requires_grad]
-
-    def _step_metrics(self, loss: float, grad_norm: torch.Tensor, throughput: dict[str, float], *extra: dict) -> dict:
-        # at logging steps only: reads tensors (the loop's one host-device sync) and sums tokens/s over all ranks
-        rank_tps = torch.tensor(throughput["tokens_per_second"], dtype=torch.float64, device=self._device)
-        total_tps = training.all_reduce_sum(rank_tps).item() / self._tp_size  # a tp group shares one batch
-        metrics = training.step_metrics(
-            loss=loss,
-            optimizer=self._optimizer,
-            tokens_per_second=total_tps,
-            grad_norm=grad_norm,
-            extra=extra,
-            memory_device=self._device if self._log_peak_memory_stats else None,  # rank 0's
-        )
-        metrics["tokens_per_second_per_gpu"] = total_tps / self._world_size
-        return metrics
 
     def _validate(self) -> float:
         # each data-parallel rank evaluates its shard of the validation set; the sums are taken over all ranks

@@ -34,13 +34,6 @@ from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
 from tune.modules.peft import (
     disable_adapter,
-    get_adapter_config,
-    get_adapter_params,
-    get_adapter_state_dict,
-    get_merged_lora_ckpt,
-    initialize_dora_magnitudes,
-    set_trainable_params,
-    validate_lora_state_dict_load,
 )
 from tune.training.checkpointing import StatefulDistributedSampler
 
@@ -120,10 +113,9 @@ class LoRADPORecipeSingleDevice:
             dict[str, Any]: the model state under ``training.MODEL_KEY``; when resuming also the adapter, optimizer,
             LR scheduler, progress, data-loader position and RNG states (see ``tune.training.checkpointing``).
         """
-        extra = {"resume_from_checkpoint": self._resume}
-        if self._keep_last_n_checkpoints is not None:
-            extra["keep_last_n_checkpoints"] = self._keep_last_n_checkpoints
-        self._checkpointer = config.instantiate(cfg_checkpointer, **extra)
+        self._checkpointer = config.instantiate_checkpointer(
+            cfg_checkpointer, resume_from_checkpoint=self._resume, keep_last_n_checkpoints=self._keep_last_n_checkpoints
+        )
         return self._checkpointer.load_checkpoint()
 
     def save_checkpoint(self, epoch: int) -> None:
@@ -135,16 +127,10 @@ class LoRADPORecipeSingleDevice:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
         intermediate = self.global_step < self._total_steps
-        model_state = self._model.state_dict()
-        state = {
-            training.ADAPTER_KEY: get_adapter_state_dict(model_state),
-            training.ADAPTER_CONFIG: self._adapter_config,
-        }
-        if not self._save_adapter_weights_only:
-            # the merged model has the base architecture: it loads without any LoRA code
-            state[training.MODEL_KEY] = get_merged_lora_ckpt(
-                model_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"]
-            )
+        # the adapter, its config, and the merged model unless adapter-only
+        state = training.lora_checkpoint_payload(
+            self._model.state_dict(), self._adapter_config, adapter_only=self._save_adapter_weights_only
+        )
         if intermediate:
             state[training.OPT_KEY] = self._optimizer.state_dict()
             state.update(
@@ -246,24 +232,11 @@ class LoRADPORecipeSingleDevice:
     ) -> nn.Module:
         with training.set_default_dtype(self._dtype), self._device:
             model = config.instantiate(cfg_model)
-        missing, unexpected = model.load_state_dict(base_state_dict, strict=False)
-        validate_lora_state_dict_load(model, missing, unexpected, loaded="base")
-        initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
-        adapter_params = get_adapter_params(model)
-        if not adapter_params:
-            raise config.ConfigError(
-                config.ConfigProblem(
-                    "model._component_",
-                    "builds a model without LoRA/DoRA layers: nothing for this recipe to train, and no adapter to "
-                    "disable for the reference model. Use a lora_*/qlora_* builder",
-                    cfg_model._component_,
-                )
-            )
-        set_trainable_params(model, adapter_params)  # only the adapters learn
-        self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
+        training.load_lora_state_dicts(model, base_state_dict)  # then DoRA magnitudes from the loaded weights
+        with config.errors_at("model._component_", cfg_model._component_):  # only the adapters learn
+            adapter_params, self._adapter_config = training.prepare_lora_model(model, model_converters=False)
         if adapter_state_dict is not None:  # resuming, or continuing from a saved adapter
-            missing, unexpected = model.load_state_dict(adapter_state_dict, strict=False)
-            validate_lora_state_dict_load(model, missing, unexpected, loaded="adapter")
+            training.load_lora_state_dicts(model, adapter_state_dict=adapter_state_dict)
         # the policy and the reference (the same model, adapters off) must score a sequence the same way
         training.disable_dropout(model)
         if self._enable_activation_checkpointing:

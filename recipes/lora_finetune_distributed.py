@@ -86,7 +86,6 @@ class LoRAFinetuneRecipeDistributed:
         self._tensor_parallel_dim = cfg.tensor_parallel_dim
         self._expert_parallel_dim = cfg.expert_parallel_dim
         self._fsdp_cpu_offload = cfg.fsdp_cpu_offload
-        self._fsdp_reshard_after_forward = cfg.fsdp_reshard_after_forward
         self._save_every_n_steps = cfg.save_every_n_steps
         self._run_val_every_n_steps = cfg.run_val_every_n_steps
         self._max_validation_steps = cfg.max_validation_steps
@@ -244,17 +243,7 @@ class LoRAFinetuneRecipeDistributed:
         base_state_dict: dict[str, Any],
         adapter_state_dict: dict[str, Any] | None,
     ) -> None:
-        fsdp_dtypes = cfg.fsdp_mixed_precision or {}
-        training.shard_model(
-            model,
-            training.family_shard_conditions(model, self._checkpointer.model_family),
-            cpu_offload=self._fsdp_cpu_offload,
-            reshard_after_forward=self._fsdp_reshard_after_forward,
-            param_dtype=utils.get_dtype(fsdp_dtypes["param_dtype"]) if fsdp_dtypes.get("param_dtype") else None,
-            reduce_dtype=utils.get_dtype(fsdp_dtypes.get("reduce_dtype", "fp32")),
-            dp_mesh=self._dims.mesh["dp_shard"],
-            expert_mesh=self._dims.ep_mesh,  # expert-parallel experts: their own units over the ranks holding them
-        )
+        config.shard_model(cfg, model, self._dims, self._checkpointer.model_family)  # FSDP2, as the config says
         # the base weights, then a saved adapter if set (a resumed run loads its adapters from DCP later)
         training.load_lora_state_dicts(
             model, base_state_dict, adapter_state_dict, device=self._device, cpu_offload=self._fsdp_cpu_offload
@@ -375,7 +364,15 @@ class LoRAFinetuneRecipeDistributed:
 
                 if self.global_step % self._log_every_n_steps == 0:
                     loss = training.mean_over_ranks(self._loss_since_log).item() / steps_since_log  # a collective
-                    metrics = self._step_metrics(loss, grad_norm, throughput.compute(), aux_metrics, optimizer_metrics)
+                    metrics = training.step_metrics(  # reads tensors: the loop's one host-device sync
+                        loss=loss,
+                        optimizer=self._optimizer,
+                        tokens_per_second=throughput.compute()["tokens_per_second"],
+                        grad_norm=grad_norm,
+                        extra=(aux_metrics, optimizer_metrics),
+                        memory_device=self._device if self._log_peak_memory_stats else None,  # rank 0's
+                        parallel=self._dims,  # tokens/s summed over the ranks (a collective)
+                    )
                     with training.errors_on_all_ranks():  # rank 0 writes; a failed write stops every rank
                         self._metric_logger.log_dict(metrics, step=self.global_step)
                     pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {metrics['loss']:.4f}")
@@ -409,21 +406,6 @@ class LoRAFinetuneRecipeDistributed:
 
     def _trainable_params(self) -> list[nn.Parameter]:
         return [p for p in self._model.parameters() if p.requires_grad]
-
-    def _step_metrics(self, loss: float, grad_norm: torch.Tensor, throughput: dict[str, float], *extra: dict) -> dict:
-        # at logging steps only: reads tensors (the loop's one host-device sync) and sums tokens/s over all ranks
-        total_tps, tps_per_gpu = training.tokens_per_second_over_ranks(
-            throughput["tokens_per_second"], self._device, self._dims.tp_size
-        )
-        metrics = training.step_metrics(
-            loss=loss,
-            optimizer=self._optimizer,
-            tokens_per_second=total_tps,
-            grad_norm=grad_norm,
-            extra=extra,
-            memory_device=self._device if self._log_peak_memory_stats else None,  # rank 0's
-        )
-        return {**metrics, "tokens_per_second_per_gpu": tps_per_gpu}
 
     def _validate(self) -> float:
         # each data-parallel rank evaluates its shard of the validation set; the sums are taken over all ranks

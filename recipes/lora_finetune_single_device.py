@@ -24,15 +24,6 @@ from tune import config, training, utils
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
 from tune.modules.loss import shift_labels
-from tune.modules.peft import (
-    get_adapter_config,
-    get_adapter_params,
-    get_adapter_state_dict,
-    get_merged_lora_ckpt,
-    initialize_dora_magnitudes,
-    set_trainable_params,
-    validate_lora_state_dict_load,
-)
 from tune.training.checkpointing import StatefulDistributedSampler
 
 RECIPE_INFO = {
@@ -108,10 +99,9 @@ class LoRAFinetuneRecipeSingleDevice:
             dict[str, Any]: the model state under ``training.MODEL_KEY``; when resuming also the optimizer, LR
             scheduler, progress, data-loader position and RNG states (see ``tune.training.checkpointing``).
         """
-        extra = {"resume_from_checkpoint": self._resume}
-        if self._keep_last_n_checkpoints is not None:
-            extra["keep_last_n_checkpoints"] = self._keep_last_n_checkpoints
-        self._checkpointer = config.instantiate(cfg_checkpointer, **extra)
+        self._checkpointer = config.instantiate_checkpointer(
+            cfg_checkpointer, resume_from_checkpoint=self._resume, keep_last_n_checkpoints=self._keep_last_n_checkpoints
+        )
         return self._checkpointer.load_checkpoint()
 
     def save_checkpoint(self, epoch: int) -> None:
@@ -123,16 +113,10 @@ class LoRAFinetuneRecipeSingleDevice:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
         intermediate = self.global_step < self._total_steps
-        model_state = self._model.state_dict()
-        state = {
-            training.ADAPTER_KEY: get_adapter_state_dict(model_state),
-            training.ADAPTER_CONFIG: self._adapter_config,
-        }
-        if not self._save_adapter_weights_only:
-            # the merged model has the base architecture: it loads without any LoRA code
-            state[training.MODEL_KEY] = get_merged_lora_ckpt(
-                model_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"]
-            )
+        # the adapter, its config, and the merged model unless adapter-only
+        state = training.lora_checkpoint_payload(
+            self._model.state_dict(), self._adapter_config, adapter_only=self._save_adapter_weights_only
+        )
         if intermediate:
             state[training.OPT_KEY] = self._optimizer.state_dict()
             state.update(
@@ -217,26 +201,15 @@ class LoRAFinetuneRecipeSingleDevice:
     ) -> nn.Module:
         with training.set_default_dtype(self._dtype), self._device:
             model = config.instantiate(cfg_model)
-        missing, unexpected = model.load_state_dict(base_state_dict, strict=False)
-        validate_lora_state_dict_load(model, missing, unexpected, loaded="base")
-        initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
+        training.load_lora_state_dicts(model, base_state_dict)  # then DoRA magnitudes from the loaded weights
         # on the loaded model: a LoRAConverter puts adapters on a model built without them
         model = self._apply_model_converters(model)
-        adapter_params = get_adapter_params(model)
-        if not adapter_params:
-            raise config.ConfigError(
-                config.ConfigProblem(
-                    "model._component_",
-                    "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
-                    "builder, add tune.training.LoRAConverter to model_converters, or use full_finetune_single_device",
-                    cfg_model._component_,
-                )
+        with config.errors_at("model._component_", cfg_model._component_):  # only the adapters learn
+            adapter_params, self._adapter_config = training.prepare_lora_model(
+                model, full_recipe="full_finetune_single_device"
             )
-        set_trainable_params(model, adapter_params)  # only the adapters learn
-        self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
         if adapter_state_dict is not None:  # resuming, or continuing from a saved adapter
-            missing, unexpected = model.load_state_dict(adapter_state_dict, strict=False)
-            validate_lora_state_dict_load(model, missing, unexpected, loaded="adapter")
+            training.load_lora_state_dicts(model, adapter_state_dict=adapter_state_dict)
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         if self._compile:

@@ -4,10 +4,15 @@ Each module of tune/ belongs to a layer (its package below ``tune``). A layer ma
 for it. Optional dependencies may only be imported lazily (inside a function), never at module level. Imports by
 name at run time count too: ``importlib.import_module("tune.x.y")``, ``import_module(f"tune.x.{name}")`` and
 ``__import__("tune.x")`` with a literal name (or the literal prefix of an f-string) import layer ``x``.
+
+Besides the layers: tune's import graph has no cycle but the one the registry's by-name lookup of a family closes
+(the one import that runs back up a layer); model families never reach the registry's lookups; and no public
+module is a twin re-exporting a private one.
 """
 
 import ast
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -30,9 +35,6 @@ ALLOWED = {
     "datasets": {"data", "utils"},
     "models": {"modules", "modules.peft", "data", "utils", "registry", "plugins"},
     "training": {"modules", "modules.peft", "data", "utils", "registry", "plugins"},
-    # torchtune's CheckpointClient, at torchtune's path (the one exception to "training never imports config"):
-    # it builds the checkpointer a recipe config names
-    "training.checkpoint_client": {"training", "config", "modules", "modules.peft", "data", "utils", "registry"},
     "generation": {"modules", "data", "utils"},
     # preference and RL fine-tuning math (torchtune's torchtune.rlhf): losses, log-probabilities, metrics
     "rlhf": {"modules", "modules.peft", "data", "utils"},
@@ -57,10 +59,11 @@ ALLOWED = {
     "__init__": set(),
 }
 # layer -> layers it may import only by name, inside a function (never at module level, never with an import
-# statement). The registry finds the built-in model families itself: at lookup time it imports `tune.models` and
-# `tune.models.<family>` by name, so importing the registry imports no family, while the families import the
-# registry for the `ModelFamily` they declare and nothing else from it (checked below), and never the registry's
-# users (training, config, _cli: not in ALLOWED["models"]).
+# statement). The registry finds the built-in model families itself: at lookup time it imports
+# `tune.models.<family>` by name (the one upward arrow in tune), so importing the registry imports no family,
+# while the families import the registry for the `ModelFamily` they declare and nothing else from it (checked
+# below), never reach its lookups through a helper (test_model_families_never_reach_registry_lookups), and never
+# import the registry's users (training, config, _cli: not in ALLOWED["models"]).
 BY_NAME_AT_RUN_TIME = {"registry": {"models"}}
 # what a family module (tune/models/<family>/...) may take from tune.registry: the declaration, not the lookups
 FAMILY_MAY_USE_FROM_REGISTRY = {"ModelFamily", "StateDictConverter", "AdapterConverter", "TorchtuneLayout"}
@@ -76,13 +79,11 @@ def _layer(module: str) -> str:
         return "modules.peft"
     if parts[1] == "modules" and len(parts) > 2 and parts[2] == "transforms":
         return "modules.transforms"
-    if parts[1:4] == ["training", "checkpointing", "_checkpoint_client"]:
-        return "training.checkpoint_client"
     return parts[1]
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    rel = path.relative_to(root).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
@@ -266,3 +267,226 @@ def test_layering_checker_catches_violations(source, module, expected):
     # the checker itself must be able to fail: feed it known-bad and known-good imports
     found = _violations(ast.parse(source), module, False, "<test>")
     assert bool(found) == expected, found
+
+
+# ------------------------------------------------------------------------------------------------ import cycles
+# The one edge allowed to close a cycle: tune.registry imports a built-in family by name, inside a function, the
+# first time a lookup asks for it (`importlib.import_module(f"tune.models.{name}")` in `_load_builtin`). Every
+# family imports tune.registry for its declaration (`FAMILY = ModelFamily(...)`), so that edge closes
+# tune.registry -> tune.models.<family> -> tune.registry by design. No other import, of any kind, may close one.
+def _is_registry_family_lookup(source: str, target: str, by_name: bool, in_function: bool, root: Path = ROOT) -> bool:
+    parts = target.split(".")
+    return (
+        source == "tune.registry"
+        and by_name
+        and in_function
+        and len(parts) == 3
+        and parts[:2] == ["tune", "models"]
+        and _family(target) is not None
+        and (root / "tune" / "models" / parts[2] / "__init__.py").is_file()
+    )
+
+
+def _graph_edges(tree: ast.AST, module: str, is_pkg: bool, modules: set[str]):
+    """Yields (imported tune module, line, by_name, in_function) for every import of ``tree``: module level,
+    inside a function and under ``TYPE_CHECKING`` alike (a type-only import still ties two modules together).
+
+    ``from pkg import name`` imports ``pkg.name`` when that is a module, else ``pkg``; ``import a.b.c`` imports the
+    longest prefix that is a module of tune; a by-name import of an f-string (``f"tune.models.{name}"``) imports
+    every public module directly under its literal prefix (names built at run time are public ones: families,
+    subpackages).
+    """
+    in_function = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            in_function.update(id(n) for n in ast.walk(node) if n is not node)
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    for node in ast.walk(tree):
+        inside = id(node) in in_function
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if (target := known(alias.name)) is not None:
+                    yield target, node.lineno, False, inside
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_pkg else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                package = ".".join(base + ([node.module] if node.module else []))
+            else:
+                package = node.module or ""
+            for alias in node.names:
+                target = f"{package}.{alias.name}" if f"{package}.{alias.name}" in modules else known(package)
+                if target is not None:
+                    yield target, node.lineno, False, inside
+        elif isinstance(node, ast.Call) and (target := _by_name(node)) is not None:
+            arg = node.args[0]
+            if isinstance(arg, ast.JoinedStr):  # every module the f-string can name
+                children = (m for m in modules if m.rpartition(".")[0] == target)
+                for child in sorted(c for c in children if not c.rpartition(".")[2].startswith("_")):
+                    yield child, node.lineno, True, inside
+            elif (found := known(target)) is not None:
+                yield found, node.lineno, True, inside
+
+
+def _import_graph(root: Path = ROOT) -> dict[str, dict[str, list[str]]]:
+    """The import graph of ``root/tune``: module -> {module it imports: where}, without the registry's by-name
+    family lookups."""
+    files = {_module_name(path, root): path for path in _python_files(root / "tune")}
+    graph: dict[str, dict[str, list[str]]] = {module: {} for module in files}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for target, line, by_name, inside in _graph_edges(tree, module, path.name == "__init__.py", set(files)):
+            if target != module and not _is_registry_family_lookup(module, target, by_name, inside, root):
+                where = f"{path.relative_to(root)}:{line}{' by name' if by_name else ''}"
+                if where not in graph[module].setdefault(target, []):
+                    graph[module][target].append(where)
+    return graph
+
+
+def _cycles(graph: Mapping[str, Mapping[str, object]]) -> list[list[str]]:
+    """One cycle (a list of modules, the first repeated at the end) per strongly connected component of
+    ``graph`` that has more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in graph[node]:
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    cycles = []
+    for component in components:
+        # the shortest way from the component's first module back to itself, staying inside the component
+        start = min(component)
+        paths = {start: [start]}
+        queue = [start]
+        while queue:
+            node = queue.pop(0)
+            for successor in sorted(graph[node]):
+                if successor == start:
+                    cycles.append([*paths[node], start])
+                    queue = []
+                    break
+                if successor in component and successor not in paths:
+                    paths[successor] = [*paths[node], successor]
+                    queue.append(successor)
+    return sorted(cycles)
+
+
+def _describe(cycle: list[str], graph: dict[str, dict[str, list[str]]]) -> str:
+    steps = [f"{a} -> {b}  [{', '.join(sorted(graph[a][b]))}]" for a, b in zip(cycle, cycle[1:])]
+    return "\n    ".join(steps)
+
+
+def test_tune_has_no_import_cycle():
+    graph = _import_graph()
+    assert len(graph) > 100 and sum(map(len, graph.values())) > 300, "the walk found too few imports"
+    cycles = _cycles(graph)
+    assert not cycles, f"{len(cycles)} import cycle(s) in tune/:\n  " + "\n  ".join(
+        _describe(cycle, graph) for cycle in cycles
+    )
+
+
+def _routes_from_families_to_registry(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """For each module of a family that reaches ``tune.registry``, the shortest route, not counting the one import
+    a family makes of it: its package's ``__init__`` importing the declaration (``ModelFamily``, ...).
+
+    ``tune.models._from_hf`` (``from_hf``) imports the registry, so a route to it is found as well.
+    """
+    routes = []
+    for start in sorted(m for m in graph if _family(m) is not None):
+        paths = {start: [start]}
+        queue = [start]
+        while queue:
+            node = queue.pop(0)
+            declaration = _family(node) is not None and node.count(".") == 2  # tune.models.<family> itself
+            for successor in sorted(graph[node]):
+                if successor in paths or (declaration and successor == "tune.registry"):
+                    continue
+                paths[successor] = [*paths[node], successor]
+                queue.append(successor)
+        if "tune.registry" in paths:
+            routes.append(paths["tune.registry"])
+    return routes
+
+
+def test_model_families_never_reach_registry_lookups():
+    # a family declares itself and is looked up; it never looks families up, not even through a shared helper
+    # (module level, in a function or by name): the registry's lookups and from_hf sit above the families
+    graph = _import_graph()
+    routes = _routes_from_families_to_registry(graph)
+    assert not routes, "model families reach tune.registry:\n  " + "\n  ".join(
+        _describe(route, graph) for route in routes[:5]
+    )
+
+
+def test_cycle_finder_sees_lazy_type_only_and_by_name_imports():
+    modules = {"tune.a", "tune.b", "tune.registry", "tune.models", "tune.models.llama2"}
+    lazy = "def f():\n    from tune import b\n"
+    type_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tune.a import x\n"
+    by_name = "import importlib\ndef f(n):\n    importlib.import_module(f'tune.models.{n}')\n"
+    assert [e[0] for e in _graph_edges(ast.parse(lazy), "tune.a", False, modules)] == ["tune.b"]
+    assert [e[0] for e in _graph_edges(ast.parse(type_only), "tune.b", False, modules)] == ["tune.a"]
+    assert list(_graph_edges(ast.parse(by_name), "tune.registry", False, modules)) == [
+        ("tune.models.llama2", 3, True, True)
+    ]
+    assert _cycles({"tune.a": {"tune.b": ""}, "tune.b": {"tune.a": ""}}) == [["tune.a", "tune.b", "tune.a"]]
+    assert _cycles({"tune.a": {"tune.b": ""}, "tune.b": {}}) == []
+    # the registry's lookup of a family is the one edge left out; its literal import of tune.models is not
+    assert _is_registry_family_lookup("tune.registry", "tune.models.llama2", by_name=True, in_function=True)
+    assert not _is_registry_family_lookup("tune.registry", "tune.models", by_name=True, in_function=True)
+    assert not _is_registry_family_lookup("tune.registry", "tune.models.llama2", by_name=False, in_function=True)
+    assert not _is_registry_family_lookup("tune.models._hf", "tune.models.llama2", by_name=True, in_function=True)
+    # a family's declaration import is no route to the lookups; one through a helper is
+    declared = {"tune.models.llama2": {"tune.registry": []}, "tune.registry": {}}
+    assert _routes_from_families_to_registry(declared) == []
+    helper = {**declared, "tune.models.llama2._x": {"tune.models._hf": []}, "tune.models._hf": {"tune.registry": []}}
+    assert _routes_from_families_to_registry(helper) == [["tune.models.llama2._x", "tune.models._hf", "tune.registry"]]
+
+
+def _public_twins(base: Path) -> list[str]:
+    """Public modules (``x.py``) that sit next to a private module of the same name (``_x.py``)."""
+    return sorted(
+        str(path.relative_to(base))
+        for path in _python_files(base)
+        if not path.name.startswith("_") and (path.parent / f"_{path.name}").is_file()
+    )
+
+
+def test_a_public_module_is_the_real_module():
+    # a public module holds its code, not a few lines re-exporting a private twin
+    assert _public_twins(PKG) == []
+
+
+def test_twin_finder_finds_twins(tmp_path):
+    (tmp_path / "seed.py").write_text("from _seed import set_seed\n")
+    (tmp_path / "_seed.py").write_text("def set_seed(): ...\n")
+    (tmp_path / "memory.py").write_text("")
+    assert _public_twins(tmp_path) == ["seed.py"]

@@ -9,14 +9,18 @@ shard rule and tensor-parallel plan from it. There is no if/elif on model type a
 
 This module is a leaf like ``tune.utils``: at import time it imports nothing from tune but ``tune.plugins``, so
 every layer may read it. Built-in families are found, not listed: every public subpackage of ``tune.models`` is
-one, named after its package, and is imported by name (``importlib``) the first time a lookup asks for it. A
+one, named after its package, and is imported by name (``importlib``) the first time a lookup asks for it. That
+lookup is the one import in tune that runs back up a layer (families import this module for ``ModelFamily``);
+``tests/test_layering.py`` allows it and no other import cycle, and families never call the lookups. A
 lookup by a family's own name imports that family only; an alias (``phi3_mini``), a Hugging Face ``model_type``
 or :func:`list_model_families` imports them all. A family that fails to import is reported once as a warning
 naming it and the error, and the others keep working.
 """
 
 import importlib
+import importlib.util
 import pkgutil
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -149,9 +153,14 @@ def register_model_family(family: ModelFamily, *, overwrite: bool = False) -> Mo
 
 def _builtin_names() -> list[str]:
     """The built-in families: the public subpackages of ``tune.models``, found on disk, none of them imported."""
-    # the only imports of tune.models here, both by literal name so tests/test_layering.py sees them
-    package = importlib.import_module("tune.models")  # its __init__ imports no family
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg and not m.name.startswith("_"))
+    # listing imports nothing of tune.models: its __path__ once imported, else find_spec, which locates the
+    # package without running its __init__
+    package = sys.modules.get("tune.models")
+    if package is not None:
+        folders = package.__path__
+    else:
+        folders = importlib.util.find_spec("tune.models").submodule_search_locations
+    return sorted(m.name for m in pkgutil.iter_modules(folders) if m.ispkg and not m.name.startswith("_"))
 
 
 def _load_builtin(name: str) -> None:
@@ -160,6 +169,7 @@ def _load_builtin(name: str) -> None:
         return
     _imported.add(name)
     try:
+        # the one import of tune.models here, and the one allowed upward arrow in tune (tests/test_layering.py)
         module = importlib.import_module(f"tune.models.{name}")
         family = getattr(module, "FAMILY", None)
         if not isinstance(family, ModelFamily):

@@ -24,10 +24,11 @@ from tune.config._instantiate import get_component_from_path, instantiate
 from tune.config._io import log_config, resolved_yaml, save_config
 from tune.config._load import apply_overrides, load_config, parse_override_value, read_yaml
 from tune.config._parse import parse
-from tune.config._recipe import init_parallel, instantiate_checkpointer
+from tune.config._recipe import init_parallel, instantiate_checkpointer, shard_model
 from tune.config._training import (
     IGNORED_KEYS,
     OPTIONAL_KEYS,
+    KeepDefault,
     apply_defaults,
     check_config_keys,
     check_training_config,
@@ -46,6 +47,7 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "OPTIONAL_KEYS",
+    "KeepDefault",
     "RecipeError",
     "RecipeInfo",
     "TuneError",
@@ -81,6 +83,7 @@ __all__ = [
     "recipes_for_config",
     "resolved_yaml",
     "save_config",
+    "shard_model",
     "shipped_config_name",
     "shipped_dirs",
     "validate_config",

@@ -90,3 +90,33 @@ def init_parallel(cfg: DictConfig, device: "torch.device") -> "ParallelDims":
         f"{ep_dim} expert-parallel, backend {dist.get_backend()}.",
     )
     return dims
+
+
+def shard_model(cfg: DictConfig, model: Any, dims: "ParallelDims", model_family: str | None) -> None:
+    """Shards ``model`` with FSDP2 over the data-parallel ranks as a distributed recipe's config asks.
+
+    Reads ``fsdp_cpu_offload``, ``fsdp_reshard_after_forward`` and ``fsdp_mixed_precision`` (``param_dtype``,
+    ``reduce_dtype``, default fp32 reductions). The FSDP units follow the model family's rule
+    (:func:`tune.training.family_shard_conditions`); expert-parallel experts become units of their own over the
+    ranks that hold them.
+
+    Args:
+        cfg (DictConfig): the recipe config.
+        model (nn.Module): the model, built on the meta device (and parallelised by tensor or expert parallelism).
+        dims (ParallelDims): the run's layout (:func:`init_parallel`).
+        model_family (str | None): the family whose sharding rule applies (the checkpointer's ``model_family``).
+    """
+    from tune import training
+    from tune.utils import get_dtype
+
+    mixed_precision = cfg.fsdp_mixed_precision or {}
+    training.shard_model(
+        model,
+        training.family_shard_conditions(model, model_family),
+        cpu_offload=cfg.fsdp_cpu_offload,
+        reshard_after_forward=cfg.fsdp_reshard_after_forward,
+        param_dtype=get_dtype(mixed_precision["param_dtype"]) if mixed_precision.get("param_dtype") else None,
+        reduce_dtype=get_dtype(mixed_precision.get("reduce_dtype", "fp32")),
+        dp_mesh=dims.mesh["dp_shard"],
+        expert_mesh=dims.ep_mesh,
+    )

@@ -8,7 +8,8 @@ them there. Nothing is imported here up front: ``import tune.models.llama2`` loa
 import importlib
 import pkgutil
 
-# tune.models._hf: functions importable from tune.models itself
+# tune.models._from_hf: the entry points importable from tune.models itself (they look families up in
+# tune.registry, so they are imported on first access, never by a family)
 _HF_FUNCTIONS = ("from_hf", "to_hf_state_dict")
 
 
@@ -21,7 +22,7 @@ def __getattr__(name: str):
     # family being imported before it is asked for. `from tune.models import qwen2_5` imports the submodule
     # itself and never gets here.
     if name in _HF_FUNCTIONS:
-        return getattr(importlib.import_module("tune.models._hf"), name)
+        return getattr(importlib.import_module("tune.models._from_hf"), name)
     if not name.startswith("_") and name in _families():
         return importlib.import_module(f"tune.models.{name}")  # binds itself here as an attribute
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,15 +9,6 @@ import importlib
 from typing import Any
 
 from tune.modules.loss import shift_labels
-from tune.training._activations import (
-    NoOpManager,
-    OffloadActivations,
-    activation_offloading_supported,
-    apply_activation_checkpointing,
-    apply_selective_activation_checkpointing,
-    get_act_offloading_ctx_manager,
-    set_activation_checkpointing,
-)
 from tune.training._adapters import load_lora_state_dicts, lora_checkpoint_payload, prepare_lora_model
 from tune.training._compile import compile_loss, compile_model
 from tune.training._distillation import (
@@ -50,17 +41,6 @@ from tune.training._expert_parallel import apply_expert_parallel, init_expert_pa
 from tune.training._finetuning_schedule import FinetuningSchedule, auto_finetuning_phases
 from tune.training._grad import FiniteLossCheck, NonFiniteLossError, check_loss_is_finite, clip_grad_norm
 from tune.training._loss_scaling import num_loss_tokens, scale_grads, step_loss_scale
-from tune.training._memory import (
-    OptimizerInBackward,
-    OptimizerInBackwardWrapper,
-    cleanup_before_training,
-    configure_cpu_allocator,
-    create_optim_in_bwd_wrapper,
-    get_memory_stats,
-    log_memory_stats,
-    register_optim_in_bwd_hooks,
-    reset_peak_memory_stats,
-)
 from tune.training._model_converters import (
     FakeQuantizedLoRALinear,
     Float8TrainingConverter,
@@ -83,7 +63,6 @@ from tune.training._parallel import (
     prepare_mha_for_tp,
     tensor_parallel_size,
 )
-from tune.training._precision import get_dtype, set_default_dtype, validate_expected_param_dtype
 from tune.training._profiler import (
     DEFAULT_PROFILE_DIR,
     DEFAULT_PROFILER_ACTIVITIES,
@@ -103,22 +82,44 @@ from tune.training._recipe_state import (
     steps_per_epoch,
     validation_loss,
 )
-from tune.training._seed import set_seed
 from tune.training._sharded_state import (
     DCP_SUBDIR,
     PROGRESS_KEY,
     ParallelDims,
     ShardedRecipeState,
+    load_sharded_checkpoint,
     mean_over_ranks,
+    save_sharded_checkpoint,
     saved_optimizer_state,
-    tokens_per_second_over_ranks,
+    sharded_model_state,
+    sharded_optimizer_state,
 )
 from tune.training._throughput import ThroughputTracker, count_tokens, get_progress_bar
+from tune.training.activations import (
+    NoOpManager,
+    OffloadActivations,
+    activation_offloading_supported,
+    apply_activation_checkpointing,
+    apply_selective_activation_checkpointing,
+    get_act_offloading_ctx_manager,
+    set_activation_checkpointing,
+)
 from tune.training.lr_schedulers import (
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
     get_linear_schedule_with_warmup,
     get_lr,
+)
+from tune.training.memory import (
+    OptimizerInBackward,
+    OptimizerInBackwardWrapper,
+    cleanup_before_training,
+    configure_cpu_allocator,
+    create_optim_in_bwd_wrapper,
+    get_memory_stats,
+    log_memory_stats,
+    register_optim_in_bwd_hooks,
+    reset_peak_memory_stats,
 )
 from tune.training.metric_logging import (
     CometLogger,
@@ -130,14 +131,19 @@ from tune.training.metric_logging import (
     WandBLogger,
 )
 from tune.training.pooling import get_unmasked_sequence_lengths
+from tune.training.precision import get_dtype, set_default_dtype, validate_expected_param_dtype
 from tune.training.quantization import get_quantizer_mode
+from tune.training.seed import set_seed
 from tune.utils import get_world_size_and_rank
 
 __all__ = [
+    "sharded_optimizer_state",
+    "sharded_model_state",
+    "save_sharded_checkpoint",
+    "load_sharded_checkpoint",
     "prepare_lora_model",
     "lora_checkpoint_payload",
     "load_lora_state_dicts",
-    "tokens_per_second_over_ranks",
     "saved_optimizer_state",
     "mean_over_ranks",
     "ShardedRecipeState",

@@ -21,12 +21,16 @@ from tune.training._distributed import load_from_full_model_state_dict
 from tune.training.checkpointing import ADAPTER_CONFIG, ADAPTER_KEY, MODEL_KEY
 
 
-def prepare_lora_model(model: nn.Module, *, full_recipe: str | None = None) -> tuple[dict[str, nn.Parameter], dict]:
+def prepare_lora_model(
+    model: nn.Module, *, full_recipe: str | None = None, model_converters: bool = True
+) -> tuple[dict[str, nn.Parameter], dict]:
     """Makes the LoRA/DoRA adapters of ``model`` its only trainable parameters.
 
     Args:
         model (nn.Module): the model as built (and converted: a ``LoRAConverter`` adds adapters to any model).
         full_recipe (str | None): the recipe that trains a model without adapters, named in the error.
+        model_converters (bool): whether the recipe takes ``model_converters`` (the error then suggests a
+            ``LoRAConverter``).
 
     Returns:
         tuple[dict[str, nn.Parameter], dict]: the adapter parameters by name, and the adapter config
@@ -37,10 +41,14 @@ def prepare_lora_model(model: nn.Module, *, full_recipe: str | None = None) -> t
     """
     adapter_params = get_adapter_params(model)
     if not adapter_params:
-        instead = f", or use {full_recipe}" if full_recipe else ""
+        fixes = ["Use a lora_*/qlora_* builder"]
+        if model_converters:
+            fixes.append("add tune.training.LoRAConverter to model_converters")
+        if full_recipe:
+            fixes.append(f"use {full_recipe}")
         raise ValueError(
-            "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
-            f"builder or add tune.training.LoRAConverter to model_converters{instead}"
+            "builds a model without LoRA/DoRA layers: nothing for this recipe to train. "
+            + (", ".join(fixes[:-1]) + " or " + fixes[-1] if len(fixes) > 1 else fixes[0])
         )
     set_trainable_params(model, adapter_params)
     return adapter_params, get_adapter_config(model)

@@ -8,15 +8,15 @@ The recipes call these in their own order; what each one computes is the same fo
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from tune.modules.loss import CEWithChunkedOutputLoss, LinearCrossEntropyLoss, shift_labels
-from tune.training._activations import OffloadActivations, activation_offloading_supported
 from tune.training._compile import compile_loss
 from tune.training._loss_scaling import num_loss_tokens
+from tune.training.activations import OffloadActivations, activation_offloading_supported
 from tune.training.checkpointing import (
     DATALOADER_KEY,
     EPOCHS_KEY,
@@ -30,6 +30,9 @@ from tune.training.checkpointing import (
     set_rng_state,
 )
 from tune.utils import TuneError, get_logger, log_rank_zero
+
+if TYPE_CHECKING:
+    from tune.training._sharded_state import ParallelDims
 
 log = get_logger(name="tune.training")
 
@@ -281,6 +284,7 @@ def step_metrics(
     grad_norm: torch.Tensor | None = None,
     extra: Iterable[Mapping[str, Any]] = (),
     memory_device: torch.device | None = None,
+    parallel: "ParallelDims | None" = None,
 ) -> dict[str, Any]:
     """What every recipe logs at a logging step: loss, lr, tokens/s, grad norm, the metrics of ``loss_step`` and of
     the optimizer's ``step()``, and peak memory. Reads tensors: call it at logging steps only.
@@ -292,14 +296,23 @@ def step_metrics(
         grad_norm (torch.Tensor | None): the last step's total gradient norm (None with optimizer_in_bwd).
         extra (Iterable[Mapping[str, Any]]): more metrics; tensor values are read as numbers.
         memory_device (torch.device | None): add the peak memory stats of this device (None: leave them out).
+        parallel (ParallelDims | None): the layout of a distributed run: ``tokens_per_second`` is then this rank's,
+            summed over all ranks (a collective; a tensor-parallel group shares one batch and counts once), and
+            ``tokens_per_second_per_gpu`` is logged too. None: a single-process run.
 
     Returns:
         dict[str, Any]: the metrics, for the metric logger.
     """
-    from tune.training._memory import get_memory_stats
     from tune.training.lr_schedulers import get_lr
+    from tune.training.memory import get_memory_stats
 
     metrics = {"loss": loss, "lr": get_lr(optimizer), "tokens_per_second": tokens_per_second}
+    if parallel is not None:
+        from tune.training._distributed import all_reduce_sum
+
+        rank_tps = torch.tensor(tokens_per_second, dtype=torch.float64, device=parallel.mesh.device_type)
+        metrics["tokens_per_second"] = all_reduce_sum(rank_tps).item() / parallel.tp_size
+        metrics["tokens_per_second_per_gpu"] = metrics["tokens_per_second"] / parallel.world_size
     if grad_norm is not None:
         metrics["grad_norm"] = grad_norm.item()
     for more in extra:

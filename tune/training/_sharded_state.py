@@ -75,28 +75,6 @@ def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     return all_reduce_sum(tensor) / world_size
 
 
-def tokens_per_second_over_ranks(
-    tokens_per_second: float, device: torch.device, tensor_parallel_size: int = 1
-) -> tuple[float, float]:
-    """The throughput of the whole run from each rank's: the sum over ranks, counting a tensor-parallel group's
-    shared batch once, and that sum per process.
-
-    A collective when distributed.
-
-    Args:
-        tokens_per_second (float): this rank's non-padding tokens per second.
-        device (torch.device): where the collective runs (the GPU under NCCL).
-        tensor_parallel_size (int): ranks per tensor-parallel group.
-
-    Returns:
-        tuple[float, float]: ``(tokens_per_second, tokens_per_second_per_gpu)``.
-    """
-    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    rank_tps = torch.tensor(tokens_per_second, dtype=torch.float64, device=device)
-    total = all_reduce_sum(rank_tps).item() / tensor_parallel_size
-    return total, total / world_size
-
-
 def saved_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: str | Path) -> dict:
     """The sharded optimizer state to load a DCP checkpoint into: the fresh optimizer's, less the parameters that
     had no state when the checkpoint was written.
@@ -120,6 +98,124 @@ def saved_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, ch
     prefix = f"{OPT_KEY}.state."
     stepped = {key[len(prefix) :].rsplit(".", 1)[0] for key in saved if key.startswith(prefix)}
     state["state"] = {name: value for name, value in state["state"].items() if name in stepped}
+    return state
+
+
+def sharded_model_state(model: nn.Module, *, adapters_only: bool = False) -> dict[str, Any]:
+    """This rank's shards of the model's state dict, for DCP; with ``adapters_only`` the LoRA/DoRA entries alone
+    (a LoRA run's base weights do not change: they are read again from the input checkpoint).
+
+    Args:
+        model (nn.Module): the (sharded) model.
+        adapters_only (bool): keep only the adapter entries.
+
+    Returns:
+        dict[str, Any]: the state dict, sharded tensors included.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model)
+    if adapters_only:
+        state = {key: value for key, value in state.items() if is_adapter_key(key)}
+    return state
+
+
+def sharded_optimizer_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """This rank's shards of the optimizer state, keyed by parameter name; an optimizer stepped in backward
+    (``OptimizerInBackward``: one optimizer per parameter) gives its own ``state_dict()``.
+
+    Args:
+        model (nn.Module): the (sharded) model.
+        optimizer (Any): its optimizer.
+
+    Returns:
+        dict[str, Any]: the optimizer state dict.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    if getattr(optimizer, "optim_map", None) is not None:
+        return optimizer.state_dict()
+    return get_optimizer_state_dict(model, optimizer)
+
+
+def save_sharded_checkpoint(
+    checkpointer: DistributedCheckpointer,
+    model: nn.Module,
+    optimizer: Any,
+    extra: Mapping[str, Any],
+    *,
+    adapters_only: bool = False,
+    epoch: int | None = None,
+    step: int | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Path:
+    """Writes every rank's shards of the model (see :func:`sharded_model_state`) and optimizer, with ``extra``
+    (progress and the like), as one DCP checkpoint. A collective.
+
+    Args:
+        checkpointer (DistributedCheckpointer): where and how it is written.
+        model (nn.Module): the (sharded) model.
+        optimizer (Any): its optimizer.
+        extra (Mapping[str, Any]): more entries (plain data and tensors), saved under their own keys.
+        adapters_only (bool): save the adapter entries of the model alone.
+        epoch (int | None): epochs completed.
+        step (int | None): steps completed; names the directory when given.
+        config (Mapping[str, Any] | None): the run's config, written as ``config.yaml``.
+
+    Returns:
+        Path: the published checkpoint.
+    """
+    state = {
+        **extra,
+        MODEL_KEY: sharded_model_state(model, adapters_only=adapters_only),
+        OPT_KEY: sharded_optimizer_state(model, optimizer),
+    }
+    return checkpointer.save_checkpoint(state, epoch=epoch, step=step, config=config)
+
+
+def load_sharded_checkpoint(
+    checkpointer: DistributedCheckpointer,
+    model: nn.Module,
+    optimizer: Any,
+    extra: Mapping[str, Any] | None = None,
+    *,
+    adapters_only: bool = False,
+    path: str | Path | None = None,
+) -> dict[str, Any]:
+    """Reads a checkpoint of :func:`save_sharded_checkpoint` into the model and optimizer in place, each rank
+    its own shards. The optimizer keeps no state for parameters that had none when it was saved
+    (:func:`saved_optimizer_state`). A collective.
+
+    Args:
+        checkpointer (DistributedCheckpointer): the checkpointer that wrote it.
+        model (nn.Module): the (sharded) model, set up as in the run that saved.
+        optimizer (Any): its optimizer.
+        extra (Mapping[str, Any] | None): templates of the other entries to read (their saved structure).
+        adapters_only (bool): the checkpoint holds the adapter entries of the model alone.
+        path (str | Path | None): the checkpoint; default the one ``checkpointer`` resumes from.
+
+    Returns:
+        dict[str, Any]: everything read: ``MODEL_KEY``, ``OPT_KEY`` and the ``extra`` entries.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    path = Path(path) if path is not None else checkpointer.resume_dir
+    in_backward = getattr(optimizer, "optim_map", None) is not None
+    state = {
+        **(extra or {}),
+        MODEL_KEY: sharded_model_state(model, adapters_only=adapters_only),
+        OPT_KEY: optimizer.state_dict() if in_backward else saved_optimizer_state(model, optimizer, path),
+    }
+    checkpointer.load_checkpoint(state, checkpoint_path=path)
+    set_model_state_dict(model, state[MODEL_KEY], options=StateDictOptions(strict=not adapters_only))
+    if in_backward:
+        optimizer.load_state_dict(state[OPT_KEY])
+    else:  # strict=False: the parameters saved_optimizer_state left out keep no state, as in the first run
+        set_optimizer_state_dict(model, optimizer, state[OPT_KEY], options=StateDictOptions(strict=False))
     return state
 
 
@@ -221,14 +317,6 @@ class ShardedRecipeState:
             finetuning_schedule=self._finetuning_schedule,
         )
 
-    def _model_state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        state = get_model_state_dict(self._model)
-        if self._adapter_config is not None:  # only the adapters change; the base is reloaded from its files
-            state = {key: value for key, value in state.items() if is_adapter_key(key)}
-        return state
-
     def save(self, *, epoch: int, epochs_run: int, global_step: int, config: Mapping[str, Any] | None) -> None:
         """Writes the sharded state to resume from (unless the run is over) and the gathered outputs.
 
@@ -238,15 +326,17 @@ class ShardedRecipeState:
             global_step (int): optimizer steps taken; names ``step_N/``.
             config (Mapping[str, Any] | None): the resolved run config, written into both checkpoints.
         """
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
         if global_step < self._epochs * self._steps_per_epoch:
-            sharded = {
-                MODEL_KEY: self._model_state(),
-                OPT_KEY: get_optimizer_state_dict(self._model, self._optimizer),
-                PROGRESS_KEY: self._progress(epoch, epochs_run, global_step),
-            }
-            self._dcp.save_checkpoint(sharded, epoch=epochs_run, step=global_step, config=config)
+            save_sharded_checkpoint(
+                self._dcp,
+                self._model,
+                self._optimizer,
+                {PROGRESS_KEY: self._progress(epoch, epochs_run, global_step)},
+                adapters_only=self._adapter_config is not None,
+                epoch=epochs_run,
+                step=global_step,
+                config=config,
+            )
         # a collective; only rank 0 receives the full tensors (NF4 base weights dequantised)
         key_filter = is_adapter_key if self._adapter_only else None
         full_state = gather_cpu_state_dict(self._model, key_filter=key_filter)
@@ -277,7 +367,7 @@ class ShardedRecipeState:
             seed=seed,
             max_steps_per_epoch=self._max_steps_per_epoch,
             sampler=self._sampler,  # its position is per data-parallel rank: resumes only with as many of them
-            load_optimizer=self._load_weights_and_optimizer,
+            load_optimizer=self._load_weights_and_optimizer,  # after the schedule's phase, before the LR
             lr_scheduler=self._lr_scheduler,
             finetuning_schedule=self._finetuning_schedule,
             logger=logger,
@@ -289,18 +379,4 @@ class ShardedRecipeState:
         return epochs_run, global_step, self.seed
 
     def _load_weights_and_optimizer(self) -> None:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        state = {
-            MODEL_KEY: self._model_state(),
-            OPT_KEY: saved_optimizer_state(self._model, self._optimizer, self.resume_dir),
-        }
-        self._dcp.load_checkpoint(state)  # each rank reads its own shards
-        strict = self._adapter_config is None  # a LoRA model's state holds the adapters only
-        set_model_state_dict(self._model, state[MODEL_KEY], options=StateDictOptions(strict=strict))
-        # strict=False: the parameters saved_optimizer_state left out keep no state, as in the first run
-        set_optimizer_state_dict(self._model, self._optimizer, state[OPT_KEY], options=StateDictOptions(strict=False))
+        load_sharded_checkpoint(self._dcp, self._model, self._optimizer, adapters_only=self._adapter_config is not None)

@@ -149,8 +149,20 @@ class LoRALinear(nn.Module):
         """
         if self.disabled:
             return F.linear(x, self.weight, self.bias)
-        if self.use_fast_path and _lora_fast.supports(self):
-            return _lora_fast.lora_linear(self, x)  # this formula, fused (faster backward on CPU): see _lora_fast
+        if self.use_fast_path and _lora_fast.supports(self.lora_a, self.lora_b):
+            # this formula, fused (faster backward on CPU): see _lora_fast
+            flat_x = x.reshape(-1, self.in_dim)  # [n, in_dim]
+            dropped = self.dropout(flat_x)  # x itself without dropout: both paths then read one input
+            out = _lora_fast.lora_linear(
+                flat_x,
+                None if dropped is flat_x else dropped,
+                self.weight,
+                self.bias,
+                self.lora_a.weight,
+                self.lora_b.weight,
+                self.scaling,
+            )
+            return out.view(*x.shape[:-1], self.out_dim)
         # LoRA paper, eq. (3); F.linear runs torchao's NF4 linear (dequantising on the fly) for an NF4 base weight
         return F.linear(x, self.weight, self.bias) + self.lora_b(self.lora_a(self.dropout(x))) * self.scaling
 

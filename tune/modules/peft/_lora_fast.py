@@ -17,6 +17,9 @@ Why it is faster (measured on CPU, where the benchmarks run; the products are th
   then summed; here, without dropout (both paths read the same input), the adapter's accumulates into the base's
   with one ``addmm_``. LoRA on every linear layer of the benchmark's medium model: 2.44 -> 2.18 s per packed step.
 
+The functions take tensors (the input, the adapter's dropped input, the weights, the scaling), never the layer:
+``LoRALinear.forward`` flattens its input, applies its dropout and calls :func:`lora_linear`.
+
 When it applies (:func:`supports`): both adapters are bias-free ``nn.Linear`` modules without hooks, holding plain
 tensors, because the fast path reads their weights instead of calling them (a hook, a replaced module or a
 tensor-parallel DTensor shard must see its module called). The hand-written backward further needs a frozen base
@@ -25,44 +28,58 @@ gradient goes through the dequantised weight, as torchao's NF4 linear computes i
 unfreezing) or another weight subclass gets the fused forward with autograd's backward.
 """
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tune.modules.peft._nf4 import dequantize, is_nf4_tensor
 
-if TYPE_CHECKING:
-    from tune.modules.peft._lora import LoRALinear
-
 _PLAIN_TENSOR_TYPES = (torch.Tensor, nn.Parameter)
 
 
-def supports(layer: "LoRALinear") -> bool:
-    """Whether :func:`lora_linear` can compute ``layer``: its adapters are plain bias-free ``nn.Linear`` modules."""
-    return _is_plain_linear(layer.lora_a) and _is_plain_linear(layer.lora_b)
+def supports(lora_a: nn.Module, lora_b: nn.Module) -> bool:
+    """Whether :func:`lora_linear` can stand in for calling the adapters: both are plain bias-free ``nn.Linear``.
+
+    Args:
+        lora_a (nn.Module): the down projection (``in_dim -> rank``).
+        lora_b (nn.Module): the up projection (``rank -> out_dim``).
+
+    Returns:
+        bool: True when the fast path may read their weights instead of calling them.
+    """
+    return _is_plain_linear(lora_a) and _is_plain_linear(lora_b)
 
 
-def lora_linear(layer: "LoRALinear", x: torch.Tensor) -> torch.Tensor:
-    """``layer``'s output for ``x`` [..., in_dim], computed the fast way; see the module docstring."""
-    flat_x = x.reshape(-1, layer.in_dim)  # [n, in_dim]
-    if _frozen_plain_or_nf4_base(layer):
-        dropped = layer.dropout(flat_x)
-        out = _FrozenBaseLoRAFunction.apply(
-            flat_x,
-            None if dropped is flat_x else dropped,
-            layer.weight,
-            layer.bias,
-            layer.lora_a.weight,
-            layer.lora_b.weight,
-            layer.scaling,
-        )
-    else:
-        out = F.linear(flat_x, layer.weight, layer.bias)  # [n, out_dim], a fresh tensor no backward needs
-        update = F.linear(layer.dropout(flat_x), layer.lora_a.weight) * layer.scaling  # [n, rank]
-        out.addmm_(update, layer.lora_b.weight.t())
-    return out.view(*x.shape[:-1], layer.out_dim)
+def lora_linear(
+    x: torch.Tensor,
+    dropped: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """``x W^T + b + scaling * (dropped A^T) B^T``, computed the fast way; see the module docstring.
+
+    Args:
+        x (torch.Tensor): the input, ``[n, in_dim]``.
+        dropped (torch.Tensor | None): the adapter's input after dropout, ``[n, in_dim]``; None when dropout left
+            ``x`` itself (no dropout, or eval mode), so that the two paths share one input.
+        weight (torch.Tensor): the base weight ``W``, ``[out_dim, in_dim]``, plain or NF4.
+        bias (torch.Tensor | None): the base bias ``b``, ``[out_dim]``.
+        lora_a (torch.Tensor): ``A``, ``[rank, in_dim]``.
+        lora_b (torch.Tensor): ``B``, ``[out_dim, rank]``.
+        scaling (float): ``alpha / rank``.
+
+    Returns:
+        torch.Tensor: ``[n, out_dim]``.
+    """
+    if _frozen_plain_or_nf4_base(weight, bias):
+        return _FrozenBaseLoRAFunction.apply(x, dropped, weight, bias, lora_a, lora_b, scaling)
+    out = F.linear(x, weight, bias)  # [n, out_dim], a fresh tensor no backward needs
+    update = F.linear(x if dropped is None else dropped, lora_a) * scaling  # [n, rank]
+    out.addmm_(update, lora_b.t())
+    return out
 
 
 def _is_plain_linear(module: nn.Module) -> bool:
@@ -75,9 +92,9 @@ def _is_plain_linear(module: nn.Module) -> bool:
     )
 
 
-def _frozen_plain_or_nf4_base(layer: "LoRALinear") -> bool:
-    frozen = not layer.weight.requires_grad and (layer.bias is None or not layer.bias.requires_grad)
-    return frozen and (type(layer.weight) in _PLAIN_TENSOR_TYPES or is_nf4_tensor(layer.weight))
+def _frozen_plain_or_nf4_base(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
+    return frozen and (type(weight) in _PLAIN_TENSOR_TYPES or is_nf4_tensor(weight))
 
 
 class _FrozenBaseLoRAFunction(torch.autograd.Function):

@@ -21,9 +21,9 @@ def _count_fast_calls(monkeypatch) -> list[int]:
     calls = []
     real = _lora_fast.lora_linear
 
-    def counted(layer, x):
+    def counted(*tensors):
         calls.append(1)
-        return real(layer, x)
+        return real(*tensors)
 
     monkeypatch.setattr(_lora_fast, "lora_linear", counted)
     return calls
@@ -94,16 +94,31 @@ def test_hand_written_backward_passes_gradcheck(same_input):
 
 def test_supports_only_plain_bias_free_adapters():
     layer = _layer()
-    assert _lora_fast.supports(layer)
+    assert _lora_fast.supports(layer.lora_a, layer.lora_b)
     hooked = _layer()
     hooked.lora_b.register_forward_hook(lambda module, args, out: None)
-    assert not _lora_fast.supports(hooked)
+    assert not _lora_fast.supports(hooked.lora_a, hooked.lora_b)
     with_bias = _layer()
     with_bias.lora_a = nn.Linear(64, RANK)
-    assert not _lora_fast.supports(with_bias)
+    assert not _lora_fast.supports(with_bias.lora_a, with_bias.lora_b)
     replaced = _layer()
     replaced.lora_b = nn.Sequential(nn.Linear(RANK, 96, bias=False))
-    assert not _lora_fast.supports(replaced)
+    assert not _lora_fast.supports(replaced.lora_a, replaced.lora_b)
+
+
+def test_kernel_takes_tensors_and_equals_the_written_formula():
+    # the kernel sees no layer: plain tensors in, x W^T + b + s (dropped A^T) B^T out, for a trainable base too
+    generator = torch.Generator().manual_seed(0)
+    x, dropped = torch.randn(5, 6, generator=generator), torch.randn(5, 6, generator=generator)
+    weight, bias = torch.randn(4, 6, generator=generator), torch.randn(4, generator=generator)
+    lora_a, lora_b = torch.randn(3, 6, generator=generator), torch.randn(4, 3, generator=generator)
+    for trainable in (False, True):
+        base = weight.clone().requires_grad_(trainable)
+        for adapter_input in (None, dropped):
+            got = _lora_fast.lora_linear(x, adapter_input, base, bias, lora_a, lora_b, 0.5)
+            read = x if adapter_input is None else adapter_input
+            want = x @ weight.t() + bias + 0.5 * (read @ lora_a.t()) @ lora_b.t()
+            torch.testing.assert_close(got, want)
 
 
 def test_unsupported_adapters_take_the_plain_formula(monkeypatch):

@@ -180,3 +180,13 @@ def test_adapter_only_save_writes_the_adapter_alone(tmp_path):
     _assert_same_tensors(adapter, {name: p.detach() for name, p in get_adapter_params(model).items()})
     with pytest.raises(ValueError, match="adapter_config"):
         client.save_checkpoint(model, None, _progress(), epoch=0, adapter_only=True)
+
+
+def test_torchtune_path_is_an_alias_of_the_config_level_module():
+    # torchtune recipes import the client from tune.training.checkpointing._checkpoint_client; the class reads a
+    # config, so it lives in tune.config (above tune.training) and that path names the same module
+    import importlib
+
+    by_torchtune_path = importlib.import_module("tune.training.checkpointing._checkpoint_client")
+    module = importlib.import_module("tune.config._checkpoint_client")
+    assert by_torchtune_path is module and CheckpointClient is module.CheckpointClient

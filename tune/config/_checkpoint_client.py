@@ -7,8 +7,10 @@ written by every rank with :class:`DistributedCheckpointer` under ``output_dir/d
 synchronously (the same files, without overlapping the next epoch), and
 :meth:`CheckpointClient.load_distributed_checkpoint` resumes from the newest of them.
 
-tune's own recipes call the checkpointers directly; this module exists so that torchtune recipes run under tune
-with only their import prefix changed.
+It is a config-reading front of what tune's distributed recipes use (``tune.training.save_sharded_checkpoint``,
+``load_sharded_checkpoint``, ``lora_checkpoint_payload``), so a migrated torchtune recipe and tune's own write the
+same files through the same code. It reads a config, so it sits above ``tune.training``; torchtune's path
+(``tune.training.checkpointing._checkpoint_client``) is an alias of this module (see ``tune/__init__.py``).
 """
 
 import contextlib
@@ -22,17 +24,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tune.training._distributed import errors_on_all_ranks, gather_cpu_state_dict, get_full_optimizer_state_dict
-from tune.training.checkpointing import _constants as keys
-from tune.training.checkpointing._distributed import DistributedCheckpointer
-from tune.training.checkpointing._layout import find_latest_checkpoint
+from tune.config._instantiate import instantiate
+from tune.training import (
+    DCP_SUBDIR,
+    errors_on_all_ranks,
+    gather_cpu_state_dict,
+    get_full_optimizer_state_dict,
+    load_sharded_checkpoint,
+    lora_checkpoint_payload,
+    save_sharded_checkpoint,
+)
+from tune.training import checkpointing as keys
+from tune.training.checkpointing import DistributedCheckpointer, find_latest_checkpoint
 from tune.utils import get_device, get_logger, get_world_size_and_rank
 
 log = get_logger(name=__name__)
-
-# where CheckpointClient's sharded (DCP) checkpoints go, inside output_dir: apart from the checkpointer's own
-# epoch_N/ directories, whose names they would otherwise share (tune's distributed recipes use the same place)
-DCP_SUBDIR = "dcp"
 
 
 @dataclass
@@ -104,10 +110,6 @@ class CheckpointClient:
         checkpointer does not look for one.
         """
         if self._checkpointer is None:
-            # the one import of tune.config in tune.training (an import-linter exception): this class exists to
-            # build a component from a torchtune recipe config, as torchtune's does
-            from tune.config import instantiate
-
             resume = self._resume_from_checkpoint and not self._enable_async_checkpointing
             self._checkpointer = instantiate(self._cfg["checkpointer"], should_load_recipe_state=resume)
         return self._checkpointer
@@ -174,19 +176,14 @@ class CheckpointClient:
     def _save_sharded(
         self, model: nn.Module, optimizer: Any, training_progress: TrainingProgress, epoch: int, step: int | None
     ) -> None:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
         start = time.perf_counter()
-        state: dict[str, Any] = dict(training_progress.state_dict())
-        state[keys.MODEL_KEY] = get_model_state_dict(model)
-        optimizers = _optimizers_in_backward(optimizer)
-        if optimizers is None:
-            state[keys.OPT_KEY] = get_optimizer_state_dict(model, optimizer)
-        else:
-            state[keys.OPT_KEY] = optimizer.state_dict()
-        if state[keys.DATALOADER_KEY] is None:
-            del state[keys.DATALOADER_KEY]  # DCP stores no None leaves worth reading back
-        path = self._get_dcp_checkpointer().save_checkpoint(state, epoch=epoch, step=step, config=self._cfg)
+        progress = training_progress.state_dict()
+        if progress[keys.DATALOADER_KEY] is None:
+            del progress[keys.DATALOADER_KEY]  # DCP stores no None leaves worth reading back
+        checkpointer = self._get_dcp_checkpointer()
+        path = save_sharded_checkpoint(
+            checkpointer, model, optimizer, progress, epoch=epoch, step=step, config=self._cfg
+        )
         if self._is_rank_zero:
             log.info(f"Saved the sharded checkpoint {path} in {time.perf_counter() - start:.2f} s.")
 
@@ -215,12 +212,10 @@ class CheckpointClient:
             optimizer_state = self._full_optimizer_state(model, optimizer, single_device)
         checkpoint: dict[str, Any] = {}
         if keeps:
-            if adapter_only:
-                checkpoint[keys.ADAPTER_KEY] = model_state
+            if adapter_config is not None:  # the adapter in the PEFT format, and the merged model unless adapter-only
+                checkpoint = lora_checkpoint_payload(model_state, adapter_config, adapter_only=adapter_only)
             else:
                 checkpoint[keys.MODEL_KEY] = model_state
-            if adapter_config is not None:
-                checkpoint[keys.ADAPTER_CONFIG] = dict(adapter_config)
             if intermediate:
                 checkpoint[keys.OPT_KEY] = optimizer_state
                 checkpoint.update(training_progress.state_dict())
@@ -284,13 +279,6 @@ class CheckpointClient:
         Raises:
             ValueError: if ``output_dir/dcp/`` holds no complete sharded checkpoint.
         """
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
         start = time.perf_counter()
         dcp_checkpointer = self._get_dcp_checkpointer()
         path = find_latest_checkpoint(dcp_checkpointer._output_dir, format_name="dcp")
@@ -300,21 +288,8 @@ class CheckpointClient:
                 "written by runs with enable_async_checkpointing=True. Set resume_from_checkpoint=False to start "
                 "a new run."
             )
-        optimizers = _optimizers_in_backward(optimizer)
-        state: dict[str, Any] = {
-            keys.MODEL_KEY: get_model_state_dict(model),
-            keys.OPT_KEY: get_optimizer_state_dict(model, optimizer) if optimizers is None else optimizer.state_dict(),
-            keys.SEED_KEY: 0,
-            keys.EPOCHS_KEY: 0,
-            keys.TOTAL_EPOCHS_KEY: 0,
-            keys.MAX_STEPS_KEY: 0,
-        }
-        state = dcp_checkpointer.load_checkpoint(state, checkpoint_path=path)
-        set_model_state_dict(model, state[keys.MODEL_KEY])
-        if optimizers is None:
-            set_optimizer_state_dict(model, optimizer, state[keys.OPT_KEY])
-        else:
-            optimizer.load_state_dict(state[keys.OPT_KEY])
+        progress = {keys.SEED_KEY: 0, keys.EPOCHS_KEY: 0, keys.TOTAL_EPOCHS_KEY: 0, keys.MAX_STEPS_KEY: 0}
+        state = load_sharded_checkpoint(dcp_checkpointer, model, optimizer, progress, path=path)
         if self._is_rank_zero:
             log.info(f"Loaded the sharded checkpoint {path} in {time.perf_counter() - start:.2f} s.")
         if dist.is_available() and dist.is_initialized():
