@@ -5,13 +5,16 @@ soft-capping, Gemma's norms); one function wires them so that a fix lands in eve
 expose their own component builders with torchtune's keyword names and call this.
 
 Also here: ``ModelSize``, a row of the table of released sizes each family keeps in its ``_model_builders.py``;
-``qlora_builder``, which makes a family's ``qlora_*`` builders from its ``lora_*`` ones; ``llama_intermediate_dim``
+``lora_builder``, which gives a family's ``lora_<family>`` component builder its signature (the base builder's plus
+the LoRA arguments); ``lora_size_builder`` and ``qlora_builder``, which make the ``lora_*`` and ``qlora_*`` builders
+of a named size from the base one and the table; ``llama_intermediate_dim``
 (the Llama builders' default feed-forward width); ``inst_template`` (the ``[INST]`` text of Llama 2's and Mistral's
 chat templates) and ``check_torchtune_bpe_options`` (torchtune's Qwen tokenizer options tune accepts).
 """
 
 import functools
 import inspect
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -33,6 +36,7 @@ from tune.modules import (
 from tune.modules.peft import DoRALinear, LoRALinear
 
 LORA_ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
+_POSITIONAL_OR_KEYWORD, _KEYWORD_ONLY = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,105 @@ def lora_spec(
         use_dora,
         quantize_base,
     )
+
+
+# Every LoRA builder argument as torchtune's builders annotate and default it: lora_spec's eight, and the two that
+# only the mixture-of-experts families take.
+_LORA_PARAMETERS: dict[str, inspect.Parameter] = {
+    **inspect.signature(lora_spec).parameters,
+    "apply_lora_to_experts": inspect.Parameter("apply_lora_to_experts", _KEYWORD_ONLY, default=False, annotation=bool),
+    "apply_lora_to_router": inspect.Parameter("apply_lora_to_router", _KEYWORD_ONLY, default=False, annotation=bool),
+}
+_SPEC_NAMES = tuple(inspect.signature(lora_spec).parameters)
+
+# Where torchtune's lora_<family> builders put the LoRA arguments: these first (positional or keyword), then the
+# base builder's arguments (keyword-only), then these (keyword-only).
+LORA_HEAD = ("lora_attn_modules", "apply_lora_to_mlp", "apply_lora_to_output")
+LORA_TAIL = ("lora_rank", "lora_alpha", "lora_dropout", "use_dora", "quantize_base")
+
+
+def lora_builder(
+    base: Callable[..., Any],
+    *,
+    head: Sequence[str] = LORA_HEAD,
+    tail: Sequence[str] = LORA_TAIL,
+    regroup: Sequence[str] = (),
+    required: Sequence[str] = (),
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the decorated function becomes the LoRA builder of ``base``, with torchtune's signature for it.
+
+    The signature is ``head`` (positional or keyword), then every parameter of ``base`` (keyword-only), then
+    ``tail`` (keyword-only), returning what ``base`` returns. A LoRA argument takes its annotation and default from
+    :func:`lora_spec` (``apply_lora_to_experts`` and ``apply_lora_to_router``: ``bool = False``); a name of
+    ``base``'s in ``tail`` moves that parameter there. ``regroup`` names parameters of ``base`` that stand, in that
+    order, where the first of them stands in ``base``; ``required`` names LoRA arguments without a default.
+
+    The decorated function receives ``lora`` (the :class:`LoRASpec` of :func:`lora_spec`'s eight arguments, checked)
+    and every other argument by keyword; its name, module and docstring are the builder's.
+
+    Args:
+        base (Callable[..., Any]): the family's base component builder (``llama2``).
+        head (Sequence[str]): LoRA arguments before the base ones. Default ``LORA_HEAD``.
+        tail (Sequence[str]): arguments after the base ones. Default ``LORA_TAIL``.
+        regroup (Sequence[str]): base arguments in the order the LoRA builder lists them. Default none.
+        required (Sequence[str]): LoRA arguments without a default. Default none.
+
+    Returns:
+        Callable[[Callable[..., Any]], Callable[..., Any]]: the decorator.
+
+    Raises:
+        ValueError: if the names do not give each of :func:`lora_spec`'s arguments and ``base``'s exactly once.
+    """
+    base_signature = inspect.signature(base)
+    base_params = base_signature.parameters
+
+    def lora_param(name: str) -> inspect.Parameter:
+        param = _LORA_PARAMETERS[name]
+        return param.replace(default=inspect.Parameter.empty) if name in required else param
+
+    middle = [param for name, param in base_params.items() if name not in tail]
+    if regroup:
+        start = min([param.name for param in middle].index(name) for name in regroup)
+        rest = [param for param in middle if param.name not in regroup]
+        middle = rest[:start] + [base_params[name] for name in regroup] + rest[start:]
+    params = [lora_param(name).replace(kind=_POSITIONAL_OR_KEYWORD) for name in head]
+    params += [param.replace(kind=_KEYWORD_ONLY) for param in middle]
+    params += [(base_params.get(name) or lora_param(name)).replace(kind=_KEYWORD_ONLY) for name in tail]
+    signature = inspect.Signature(params, return_annotation=base_signature.return_annotation)
+    names = [param.name for param in params]
+    if len(set(names)) != len(names) or not set(base_params) | set(_SPEC_NAMES) <= set(names):
+        raise ValueError(f"{base.__name__}'s LoRA builder would have the parameters {names}.")
+
+    def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
+        def builder(*args: Any, **kwargs: Any) -> Any:
+            arguments = _bind(builder, signature, args, kwargs)
+            spec = lora_spec(**{name: arguments.pop(name) for name in _SPEC_NAMES})
+            return body(lora=spec, **arguments)
+
+        return _named(builder, body.__name__, body.__module__, body.__doc__, signature)
+
+    return decorate
+
+
+def _bind(builder: Callable[..., Any], signature: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of a call by name, defaults filled in, as Python would bind them to ``signature``."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"{builder.__name__}(): {error}") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _named(
+    builder: Callable[..., Any], name: str, module: str, doc: str | None, signature: inspect.Signature
+) -> Callable[..., Any]:
+    # What inspect.signature, help() and the family registry read: the builder reads like a written function.
+    builder.__name__ = builder.__qualname__ = name
+    builder.__module__ = module
+    builder.__doc__ = doc
+    builder.__signature__ = signature
+    return builder
 
 
 def _linear(in_dim: int, out_dim: int, *, bias: bool, adapted: bool, lora: LoRASpec | None) -> nn.Module:
@@ -335,6 +438,74 @@ def qlora_builder(lora_builder: Callable[..., Any]) -> functools.partial:
     )
     builder.__signature__ = inspect.signature(builder)  # what functools.partial gives, fixed once
     return builder
+
+
+def lora_size_builder(
+    base: Callable[..., Any],
+    lora_component: Callable[..., Any],
+    sizes: Mapping[str, ModelSize] | None = None,
+    *,
+    dims: Callable[..., Mapping[str, Any]] | None = None,
+    lora_names: Sequence[str] | None = None,
+) -> Callable[..., Any]:
+    """The ``lora_<size>`` builder of a named size: ``lora_component`` at the dimensions the size builder ``base`` has.
+
+    Its parameters: the LoRA arguments of ``lora_component`` in that builder's order (or ``lora_names``, where
+    torchtune's size builder lists others), positional or keyword with :func:`lora_spec`'s defaults; then the
+    parameters of ``base`` itself (``tie_word_embeddings``, ``use_grouped_mm``, ``hf_config_path``). A call passes
+    its LoRA arguments and ``dims(**base's arguments)`` to ``lora_component``; without ``dims``, the dimensions are the
+    row of ``sizes`` named like ``base``, updated with ``base``'s arguments. Name, module and a docstring are set.
+
+    Args:
+        base (Callable[..., Any]): the size's builder without adapters (``llama3_2_1b``).
+        lora_component (Callable[..., Any]): the family's LoRA component builder (``lora_llama3_2``).
+        sizes (Mapping[str, ModelSize] | None): the family's ``MODEL_SIZES``. Default None: ``dims`` is given.
+        dims (Callable[..., Mapping[str, Any]] | None): the keyword arguments of ``lora_component`` other than the
+            LoRA ones, from ``base``'s arguments; for a size built otherwise than from its row. Default None.
+        lora_names (Sequence[str] | None): the LoRA arguments in this builder's order. Default None.
+
+    Returns:
+        Callable[..., Any]: the ``lora_<base name>`` builder.
+
+    Raises:
+        TypeError: unless exactly one of ``sizes`` and ``dims`` is given.
+    """
+    if (sizes is None) == (dims is None):
+        raise TypeError(f"lora_size_builder({base.__name__}): pass the size table or a dims function, not both.")
+    row = sizes[base.__name__] if sizes is not None else None
+
+    def row_dims(**extra: Any) -> Mapping[str, Any]:
+        return {**row.dims, **extra}
+
+    make_dims = dims or row_dims
+    lora_signature = inspect.signature(lora_component)
+    if lora_names is None:
+        lora_names = [name for name in lora_signature.parameters if name in _LORA_PARAMETERS]
+    own = inspect.signature(base).parameters
+    params = [_LORA_PARAMETERS[name].replace(kind=_POSITIONAL_OR_KEYWORD) for name in lora_names]
+    signature = inspect.Signature([*params, *own.values()], return_annotation=lora_signature.return_annotation)
+
+    def builder(*args: Any, **kwargs: Any) -> Any:
+        arguments = _bind(builder, signature, args, kwargs)
+        extra = {name: arguments.pop(name) for name in own}
+        return lora_component(**arguments, **make_dims(**extra))
+
+    family = lora_component.__module__.rpartition(".")[0]
+    lora_ref = f":func:`~{family}.{lora_component.__name__}`"
+    where = f"at the dimensions of ``{row.repo}``" if row is not None else "at this size"
+    args = [f"{', '.join(lora_names)}: as in {lora_ref}."]
+    if own:
+        args.append(f"{', '.join(own)}: as in :func:`{base.__name__}`.")
+    wrap = functools.partial(textwrap.fill, width=116, break_on_hyphens=False, break_long_words=False)
+    doc = "\n".join(
+        [
+            wrap(f":func:`{base.__name__}` with fresh LoRA adapters: {lora_ref} {where}."),
+            "\nArgs:",
+            *(wrap(arg, initial_indent=" " * 4, subsequent_indent=" " * 8) for arg in args),
+            "\nReturns:\n    TransformerDecoder: the model; only adapter parameters are meant to be trained.\n",
+        ]
+    )
+    return _named(builder, f"lora_{base.__name__}", base.__module__, doc, signature)
 
 
 def inst_template(messages: list[Message], system_tags: tuple[str, str]) -> list[Message]:

@@ -586,3 +586,58 @@ def test_qlora_builder_is_validated_against_its_signature():
     assert validate_config(cfg) == []
     cfg.model.lora_rnak = 4
     assert [p.key for p in validate_config(cfg)] == ["model.lora_rnak"]
+
+
+TINY_LLAMA = dict(
+    vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, intermediate_dim=48, max_seq_len=16
+)
+
+
+def test_a_new_size_needs_a_table_row_and_its_lora_builder_is_generated():
+    from tune.models._common import lora_size_builder
+    from tune.models.llama3_2 import llama3_2, lora_llama3_2
+
+    table = {"llama3_2_tiny": ModelSize("example/tiny", TINY_LLAMA)}
+
+    def llama3_2_tiny(tie_word_embeddings: bool = True) -> TransformerDecoder:
+        """A tiny Llama 3.2."""
+        return llama3_2(**{**table["llama3_2_tiny"].dims, "tie_word_embeddings": tie_word_embeddings})
+
+    lora_tiny = lora_size_builder(llama3_2_tiny, lora_llama3_2, table)
+    assert inspect.isfunction(lora_tiny) and lora_tiny.__name__ == "lora_llama3_2_tiny"
+    assert lora_tiny.__module__ == llama3_2_tiny.__module__ and "example/tiny" in lora_tiny.__doc__
+    # torchtune's LoRA arguments, all positional or keyword, then the size builder's own
+    assert str(inspect.signature(lora_tiny)) == str(inspect.signature(tune.models.llama3_2.lora_llama3_2_1b))
+    torch.manual_seed(0)
+    generated = lora_tiny(["q_proj", "v_proj"], True, False, 4, 8.0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    direct = lora_llama3_2(
+        ["q_proj", "v_proj"], True, False, lora_rank=4, lora_alpha=8.0, tie_word_embeddings=False, **TINY_LLAMA
+    )
+    expected = direct.state_dict()
+    assert {key: value.shape for key, value in generated.state_dict().items()} == {
+        key: value.shape for key, value in expected.items()
+    }
+    assert all(torch.equal(value, expected[key]) for key, value in generated.state_dict().items())
+    with pytest.raises(TypeError, match=r"lora_llama3_2_tiny\(\): .*lora_rnak"):
+        lora_tiny(["q_proj"], lora_rnak=4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_component_builders_take_the_base_arguments_and_the_shared_lora_ones(family):
+    from tune.models._common import _LORA_PARAMETERS
+
+    builders = _builders(family)
+    names = [name for name in builders if name.startswith("lora_") and name[len("lora_") :] in builders]
+    pairs = [(name, builders[name[len("lora_") :]]) for name in names]
+    pairs = [(name, base) for name, base in pairs if "vocab_size" in inspect.signature(base).parameters]
+    assert pairs or family in ("code_llama2", "llama3_3", "phi4", "qwen2")  # these build with another's builders
+    for name, base in pairs:
+        lora = inspect.signature(builders[name]).parameters
+        for param in inspect.signature(base).parameters.values():  # each base argument, keyword-only
+            assert lora[param.name] == param.replace(kind=inspect.Parameter.KEYWORD_ONLY), (name, param.name)
+        for param_name in set(lora) - set(inspect.signature(base).parameters):
+            shared = _LORA_PARAMETERS[param_name]  # only LoRA arguments added, annotated as everywhere
+            assert lora[param_name].annotation == shared.annotation, (name, param_name)
+        positional = [p.name for p in lora.values() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        assert positional[0] == "lora_attn_modules" and set(positional) <= set(_LORA_PARAMETERS), name

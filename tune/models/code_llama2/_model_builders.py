@@ -2,14 +2,12 @@
 https://arxiv.org/abs/2308.12950) with a 16k context, RoPE theta 1e6 and 16 extra tokens (infilling).
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`~tune.models.llama2.llama2`) and the
-Hugging Face repo whose ``config.json`` they are; the builders read it. A ``lora_*`` builder passes its own
-arguments on with ``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*``
-builder is the ``lora_*`` one with ``quantize_base=True``.
+Hugging Face repo whose ``config.json`` they are; the builders read it. A ``lora_*`` builder is the size's builder
+with fresh adapters (made by ``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder
+is the ``lora_*`` one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.llama2 import llama2, lora_llama2
 from tune.modules import TransformerDecoder
 
@@ -34,25 +32,7 @@ def code_llama2_7b() -> TransformerDecoder:
     return llama2(**MODEL_SIZES["code_llama2_7b"].dims)
 
 
-def lora_code_llama2_7b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Code Llama 7B with fresh LoRA adapters (:func:`~tune.models.llama2.lora_llama2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`~tune.models.llama2.lora_llama2`.
-    """
-    return lora_llama2(**locals(), **MODEL_SIZES["code_llama2_7b"].dims)
-
-
+lora_code_llama2_7b = lora_size_builder(code_llama2_7b, lora_llama2, MODEL_SIZES)
 qlora_code_llama2_7b = qlora_builder(lora_code_llama2_7b)
 
 
@@ -61,25 +41,7 @@ def code_llama2_13b() -> TransformerDecoder:
     return llama2(**MODEL_SIZES["code_llama2_13b"].dims)
 
 
-def lora_code_llama2_13b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Code Llama 13B with fresh LoRA adapters (:func:`~tune.models.llama2.lora_llama2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`~tune.models.llama2.lora_llama2`.
-    """
-    return lora_llama2(**locals(), **MODEL_SIZES["code_llama2_13b"].dims)
-
-
+lora_code_llama2_13b = lora_size_builder(code_llama2_13b, lora_llama2, MODEL_SIZES)
 qlora_code_llama2_13b = qlora_builder(lora_code_llama2_13b)
 
 
@@ -88,23 +50,5 @@ def code_llama2_70b() -> TransformerDecoder:
     return llama2(**MODEL_SIZES["code_llama2_70b"].dims)
 
 
-def lora_code_llama2_70b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Code Llama 70B with fresh LoRA adapters (:func:`~tune.models.llama2.lora_llama2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`~tune.models.llama2.lora_llama2`.
-    """
-    return lora_llama2(**locals(), **MODEL_SIZES["code_llama2_70b"].dims)
-
-
+lora_code_llama2_70b = lora_size_builder(code_llama2_70b, lora_llama2, MODEL_SIZES)
 qlora_code_llama2_70b = qlora_builder(lora_code_llama2_70b)

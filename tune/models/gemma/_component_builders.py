@@ -1,10 +1,10 @@
 """Gemma component builders: the architecture as a function of its dimensions."""
 
-from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
-from tune.models._common import LoRASpec, build_decoder, lora_spec
+from tune.models._common import LORA_HEAD, LORA_TAIL, LoRASpec, build_decoder, lora_builder
 from tune.modules import TransformerDecoder
 
 
@@ -85,44 +85,11 @@ def gemma(
     Returns:
         TransformerDecoder: the model, randomly initialised.
     """
-    return _gemma_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        head_dim=head_dim,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        lora=None,
-    )
+    return _gemma_decoder(lora=None, **locals())
 
 
-def lora_gemma(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    head_dim: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    intermediate_dim: int,
-    max_seq_len: int,
-    attn_dropout: float = 0.0,
-    norm_eps: float = 1e-6,
-    rope_base: float = 10_000.0,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
+@lora_builder(gemma, head=LORA_HEAD[:2], tail=(*LORA_TAIL, "apply_lora_to_output"))
+def lora_gemma(lora: LoRASpec, **dims: Any) -> TransformerDecoder:
     """:func:`gemma` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
     Args:
@@ -145,26 +112,4 @@ def lora_gemma(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on the tied output.
     """
-    return _gemma_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        head_dim=head_dim,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        lora=lora_spec(
-            lora_attn_modules,
-            apply_lora_to_mlp,
-            apply_lora_to_output,
-            lora_rank,
-            lora_alpha,
-            lora_dropout,
-            use_dora,
-            quantize_base,
-        ),
-    )
+    return _gemma_decoder(lora=lora, **dims)

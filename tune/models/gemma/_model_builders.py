@@ -1,15 +1,13 @@
 """Gemma model builders: the released sizes.
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`gemma`) and the Hugging Face repo whose
-``config.json`` they are (the pretrained release, which torchtune's configs fine-tune; the ``-it`` releases have
-the same dimensions); the builders read it. A ``lora_*`` builder passes its own arguments on with ``**locals()``
-(its first statement, so nothing but its parameters is there); a ``qlora_*`` builder is the ``lora_*`` one with
+``config.json`` they are (the pretrained release, which torchtune's configs fine-tune; the ``-it`` releases have the
+same dimensions); the builders read it. A ``lora_*`` builder is the size's builder with fresh adapters (made by
+``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*`` one with
 ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.gemma._component_builders import gemma, lora_gemma
 from tune.modules import TransformerDecoder
 
@@ -31,25 +29,7 @@ def gemma_2b() -> TransformerDecoder:
     return gemma(**MODEL_SIZES["gemma_2b"].dims)
 
 
-def lora_gemma_2b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 2B with fresh LoRA adapters (:func:`lora_gemma` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma`.
-    """
-    return lora_gemma(**locals(), **MODEL_SIZES["gemma_2b"].dims)
-
-
+lora_gemma_2b = lora_size_builder(gemma_2b, lora_gemma, MODEL_SIZES)
 qlora_gemma_2b = qlora_builder(lora_gemma_2b)
 
 
@@ -58,23 +38,5 @@ def gemma_7b() -> TransformerDecoder:
     return gemma(**MODEL_SIZES["gemma_7b"].dims)
 
 
-def lora_gemma_7b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 7B with fresh LoRA adapters (:func:`lora_gemma` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma`.
-    """
-    return lora_gemma(**locals(), **MODEL_SIZES["gemma_7b"].dims)
-
-
+lora_gemma_7b = lora_size_builder(gemma_7b, lora_gemma, MODEL_SIZES)
 qlora_gemma_7b = qlora_builder(lora_gemma_7b)

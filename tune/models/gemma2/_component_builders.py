@@ -1,8 +1,8 @@
 """Gemma 2 component builders: the architecture as a function of its dimensions."""
 
-from collections.abc import Sequence
+from typing import Any
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import LORA_HEAD, LORA_TAIL, LoRASpec, build_decoder, lora_builder
 from tune.modules import TransformerDecoder
 
 
@@ -47,55 +47,11 @@ def gemma2(
     Returns:
         TransformerDecoder: the model, randomly initialised.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        head_dim=head_dim,
-        tie_word_embeddings=True,
-        gemma_norms=True,
-        activation="gelu_tanh",
-        embed_scale=embed_dim**0.5,
-        attn_scale=(query_pre_attn_scalar or head_dim) ** -0.5,
-        attn_softcapping=hidden_capping_value,
-        final_softcapping=final_capping_value,
-        sliding_windows=[sliding_window_size if i % 2 == 0 else None for i in range(num_layers)],
-    )
+    return _gemma2(lora=None, **locals())
 
 
-def lora_gemma2(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    head_dim: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    intermediate_dim: int,
-    max_seq_len: int,
-    attn_dropout: float = 0.0,
-    norm_eps: float = 1e-6,
-    rope_base: float = 10_000.0,
-    hidden_capping_value: float | None = 50.0,
-    final_capping_value: float | None = 30.0,
-    sliding_window_size: int | None = 4096,
-    query_pre_attn_scalar: float | None = None,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
+@lora_builder(gemma2, head=LORA_HEAD[:2], tail=(*LORA_TAIL, "apply_lora_to_output"))
+def lora_gemma2(lora: LoRASpec, **dims: Any) -> TransformerDecoder:
     """:func:`gemma2` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
     Args:
@@ -119,34 +75,28 @@ def lora_gemma2(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on a tied output.
     """
+    return _gemma2(lora=lora, **dims)
+
+
+def _gemma2(
+    *,
+    lora: LoRASpec | None,
+    hidden_capping_value: float | None,
+    final_capping_value: float | None,
+    sliding_window_size: int | None,
+    query_pre_attn_scalar: float | None,
+    **dims: Any,
+) -> TransformerDecoder:
     return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        head_dim=head_dim,
+        **dims,
         tie_word_embeddings=True,
         gemma_norms=True,
         activation="gelu_tanh",
-        embed_scale=embed_dim**0.5,
-        attn_scale=(query_pre_attn_scalar or head_dim) ** -0.5,
+        embed_scale=dims["embed_dim"] ** 0.5,
+        attn_scale=(query_pre_attn_scalar or dims["head_dim"]) ** -0.5,
         attn_softcapping=hidden_capping_value,
         final_softcapping=final_capping_value,
-        sliding_windows=[sliding_window_size if i % 2 == 0 else None for i in range(num_layers)],
-        lora=lora_spec(
-            lora_attn_modules,
-            apply_lora_to_mlp,
-            apply_lora_to_output,
-            lora_rank,
-            lora_alpha,
-            lora_dropout,
-            use_dora,
-            quantize_base,
-        ),
+        # the even layers (0, 2, ...) are local, the odd ones global
+        sliding_windows=[sliding_window_size if i % 2 == 0 else None for i in range(dims["num_layers"])],
+        lora=lora,
     )

@@ -1,14 +1,12 @@
 """Gemma 2 model builders: the released sizes.
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`gemma2`) and the Hugging Face repo whose
-``config.json`` they are (the instruct release; the pretrained one has the same dimensions); the builders read it.
-A ``lora_*`` builder passes its own arguments on with ``**locals()`` (its first statement, so nothing but its
-parameters is there); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
+``config.json`` they are (the instruct release; the pretrained one has the same dimensions); the builders read it. A
+``lora_*`` builder is the size's builder with fresh adapters (made by ``lora_size_builder`` from the family's LoRA
+component builder); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.gemma2._component_builders import gemma2, lora_gemma2
 from tune.modules import TransformerDecoder
 
@@ -36,25 +34,7 @@ def gemma2_2b() -> TransformerDecoder:
     return gemma2(**MODEL_SIZES["gemma2_2b"].dims)
 
 
-def lora_gemma2_2b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 2 2B with fresh LoRA adapters (:func:`lora_gemma2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma2`.
-    """
-    return lora_gemma2(**locals(), **MODEL_SIZES["gemma2_2b"].dims)
-
-
+lora_gemma2_2b = lora_size_builder(gemma2_2b, lora_gemma2, MODEL_SIZES)
 qlora_gemma2_2b = qlora_builder(lora_gemma2_2b)
 
 
@@ -63,25 +43,7 @@ def gemma2_9b() -> TransformerDecoder:
     return gemma2(**MODEL_SIZES["gemma2_9b"].dims)
 
 
-def lora_gemma2_9b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 2 9B with fresh LoRA adapters (:func:`lora_gemma2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma2`.
-    """
-    return lora_gemma2(**locals(), **MODEL_SIZES["gemma2_9b"].dims)
-
-
+lora_gemma2_9b = lora_size_builder(gemma2_9b, lora_gemma2, MODEL_SIZES)
 qlora_gemma2_9b = qlora_builder(lora_gemma2_9b)
 
 
@@ -90,23 +52,5 @@ def gemma2_27b() -> TransformerDecoder:
     return gemma2(**MODEL_SIZES["gemma2_27b"].dims)
 
 
-def lora_gemma2_27b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 2 27B with fresh LoRA adapters (:func:`lora_gemma2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma2`.
-    """
-    return lora_gemma2(**locals(), **MODEL_SIZES["gemma2_27b"].dims)
-
-
+lora_gemma2_27b = lora_size_builder(gemma2_27b, lora_gemma2, MODEL_SIZES)
 qlora_gemma2_27b = qlora_builder(lora_gemma2_27b)

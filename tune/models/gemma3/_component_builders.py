@@ -8,8 +8,9 @@ queries and keys are RMS-normalised per head (replacing Gemma 2's soft-capping, 
 """
 
 from collections.abc import Sequence
+from typing import Any
 
-from tune.models._common import LoRASpec, build_decoder, lora_spec
+from tune.models._common import LORA_HEAD, LORA_TAIL, LoRASpec, build_decoder, lora_builder
 from tune.modules import LinearScaledRoPE, RotaryPositionalEmbeddings, TransformerDecoder
 
 
@@ -131,51 +132,11 @@ def gemma3(
     Raises:
         ValueError: for inconsistent sizes or a ``sliding_window_pattern`` below 1.
     """
-    return _build_gemma3(
-        vocab_size=vocab_size,
-        num_heads=num_heads,
-        head_dim=head_dim,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        sliding_windows=_sliding_windows(num_layers, sliding_window_size, sliding_window_pattern),
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        rope_local_base=rope_local_base,
-        rope_scale_factor=rope_scale_factor,
-        query_pre_attn_scalar=query_pre_attn_scalar,
-    )
+    return _gemma3(lora=None, **locals())
 
 
-def lora_gemma3(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    head_dim: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    intermediate_dim: int,
-    max_seq_len: int,
-    attn_dropout: float = 0.0,
-    norm_eps: float = 1e-6,
-    rope_base: float = 1_000_000.0,
-    rope_local_base: float = 10_000.0,
-    rope_scale_factor: float | None = None,
-    sliding_window_size: int | None = 1024,
-    sliding_window_pattern: int = 6,
-    query_pre_attn_scalar: float | None = None,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
+@lora_builder(gemma3, head=LORA_HEAD[:2], tail=(*LORA_TAIL, "apply_lora_to_output"))
+def lora_gemma3(lora: LoRASpec, **dims: Any) -> TransformerDecoder:
     """:func:`gemma3` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
     Args:
@@ -199,29 +160,11 @@ def lora_gemma3(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on the tied output.
     """
-    return _build_gemma3(
-        vocab_size=vocab_size,
-        num_heads=num_heads,
-        head_dim=head_dim,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        sliding_windows=_sliding_windows(num_layers, sliding_window_size, sliding_window_pattern),
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        rope_local_base=rope_local_base,
-        rope_scale_factor=rope_scale_factor,
-        query_pre_attn_scalar=query_pre_attn_scalar,
-        lora=lora_spec(
-            lora_attn_modules,
-            apply_lora_to_mlp,
-            apply_lora_to_output,
-            lora_rank,
-            lora_alpha,
-            lora_dropout,
-            use_dora,
-            quantize_base,
-        ),
-    )
+    return _gemma3(lora=lora, **dims)
+
+
+def _gemma3(
+    *, num_layers: int, sliding_window_size: int | None, sliding_window_pattern: int, **dims: Any
+) -> TransformerDecoder:
+    windows = _sliding_windows(num_layers, sliding_window_size, sliding_window_pattern)
+    return _build_gemma3(**dims, sliding_windows=windows)

@@ -3,15 +3,13 @@
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`gemma3`) and the Hugging Face repo whose
 ``config.json`` they are: for 270M and 1B the text-only release; for 4B, 12B and 27B the multimodal instruct
 release, whose ``text_config`` (with ``Gemma3TextConfig``'s defaults for the keys it leaves out) is the language
-model. Those three have 262,208 embedding rows (``Gemma3TextConfig``'s default ``vocab_size``: the 262,144 tokens
-of the tokenizer plus 64 rows the checkpoints carry), 270M and 1B have 262,144. The builders read the table. A
-``lora_*`` builder passes its own arguments on with ``**locals()`` (its first statement, so nothing but its
-parameters is there); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
+model. Those three have 262,208 embedding rows (``Gemma3TextConfig``'s default ``vocab_size``: the 262,144 tokens of
+the tokenizer plus 64 rows the checkpoints carry), 270M and 1B have 262,144. The builders read the table. A
+``lora_*`` builder is the size's builder with fresh adapters (made by ``lora_size_builder`` from the family's LoRA
+component builder); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.gemma3._component_builders import gemma3, lora_gemma3
 from tune.modules import TransformerDecoder
 
@@ -47,25 +45,7 @@ def gemma3_270m() -> TransformerDecoder:
     return gemma3(**MODEL_SIZES["gemma3_270m"].dims)
 
 
-def lora_gemma3_270m(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 3 270M with fresh LoRA adapters (:func:`lora_gemma3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma3`.
-    """
-    return lora_gemma3(**locals(), **MODEL_SIZES["gemma3_270m"].dims)
-
-
+lora_gemma3_270m = lora_size_builder(gemma3_270m, lora_gemma3, MODEL_SIZES)
 qlora_gemma3_270m = qlora_builder(lora_gemma3_270m)
 
 
@@ -74,25 +54,7 @@ def gemma3_1b() -> TransformerDecoder:
     return gemma3(**MODEL_SIZES["gemma3_1b"].dims)
 
 
-def lora_gemma3_1b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 3 1B with fresh LoRA adapters (:func:`lora_gemma3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma3`.
-    """
-    return lora_gemma3(**locals(), **MODEL_SIZES["gemma3_1b"].dims)
-
-
+lora_gemma3_1b = lora_size_builder(gemma3_1b, lora_gemma3, MODEL_SIZES)
 qlora_gemma3_1b = qlora_builder(lora_gemma3_1b)
 
 
@@ -101,25 +63,7 @@ def gemma3_4b() -> TransformerDecoder:
     return gemma3(**MODEL_SIZES["gemma3_4b"].dims)
 
 
-def lora_gemma3_4b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 3 4B with fresh LoRA adapters (:func:`lora_gemma3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma3`.
-    """
-    return lora_gemma3(**locals(), **MODEL_SIZES["gemma3_4b"].dims)
-
-
+lora_gemma3_4b = lora_size_builder(gemma3_4b, lora_gemma3, MODEL_SIZES)
 qlora_gemma3_4b = qlora_builder(lora_gemma3_4b)
 
 
@@ -128,25 +72,7 @@ def gemma3_12b() -> TransformerDecoder:
     return gemma3(**MODEL_SIZES["gemma3_12b"].dims)
 
 
-def lora_gemma3_12b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 3 12B with fresh LoRA adapters (:func:`lora_gemma3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma3`.
-    """
-    return lora_gemma3(**locals(), **MODEL_SIZES["gemma3_12b"].dims)
-
-
+lora_gemma3_12b = lora_size_builder(gemma3_12b, lora_gemma3, MODEL_SIZES)
 qlora_gemma3_12b = qlora_builder(lora_gemma3_12b)
 
 
@@ -155,23 +81,5 @@ def gemma3_27b() -> TransformerDecoder:
     return gemma3(**MODEL_SIZES["gemma3_27b"].dims)
 
 
-def lora_gemma3_27b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_output: bool = False,
-) -> TransformerDecoder:
-    """Gemma 3 27B with fresh LoRA adapters (:func:`lora_gemma3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base,
-            apply_lora_to_output: as in :func:`lora_gemma3`.
-    """
-    return lora_gemma3(**locals(), **MODEL_SIZES["gemma3_27b"].dims)
-
-
+lora_gemma3_27b = lora_size_builder(gemma3_27b, lora_gemma3, MODEL_SIZES)
 qlora_gemma3_27b = qlora_builder(lora_gemma3_27b)

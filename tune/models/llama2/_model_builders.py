@@ -1,14 +1,12 @@
 """Llama 2 model builders: the released sizes.
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama2`) and the Hugging Face repo whose
-``config.json`` they are; the builders read it. A ``lora_*`` builder passes its own arguments on with
-``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*`` builder is the
-``lora_*`` one with ``quantize_base=True``.
+``config.json`` they are; the builders read it. A ``lora_*`` builder is the size's builder with fresh adapters (made
+by ``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*`` one with
+``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.llama2._component_builders import llama2, llama2_classifier, lora_llama2, lora_llama2_classifier
 from tune.modules import TransformerDecoder
 
@@ -33,25 +31,7 @@ def llama2_7b() -> TransformerDecoder:
     return llama2(**MODEL_SIZES["llama2_7b"].dims)
 
 
-def lora_llama2_7b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Llama 2 7B with fresh LoRA adapters (:func:`lora_llama2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama2`.
-    """
-    return lora_llama2(**locals(), **MODEL_SIZES["llama2_7b"].dims)
-
-
+lora_llama2_7b = lora_size_builder(llama2_7b, lora_llama2, MODEL_SIZES)
 qlora_llama2_7b = qlora_builder(lora_llama2_7b)
 
 
@@ -60,25 +40,7 @@ def llama2_13b() -> TransformerDecoder:
     return llama2(**MODEL_SIZES["llama2_13b"].dims)
 
 
-def lora_llama2_13b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Llama 2 13B with fresh LoRA adapters (:func:`lora_llama2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama2`.
-    """
-    return lora_llama2(**locals(), **MODEL_SIZES["llama2_13b"].dims)
-
-
+lora_llama2_13b = lora_size_builder(llama2_13b, lora_llama2, MODEL_SIZES)
 qlora_llama2_13b = qlora_builder(lora_llama2_13b)
 
 
@@ -87,56 +49,23 @@ def llama2_70b() -> TransformerDecoder:
     return llama2(**MODEL_SIZES["llama2_70b"].dims)
 
 
-def lora_llama2_70b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Llama 2 70B with fresh LoRA adapters (:func:`lora_llama2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama2`.
-    """
-    return lora_llama2(**locals(), **MODEL_SIZES["llama2_70b"].dims)
-
-
+lora_llama2_70b = lora_size_builder(llama2_70b, lora_llama2, MODEL_SIZES)
 qlora_llama2_70b = qlora_builder(lora_llama2_70b)
 
 
 def _reward_7b_dims() -> dict:
-    # the 7B row without rope_base (the classifier builders use Llama 2's 10000, as the row does)
-    return {key: value for key, value in MODEL_SIZES["llama2_7b"].dims.items() if key != "rope_base"}
+    # one output, and the 7B row without rope_base (the classifier builders use Llama 2's 10000, as the row does)
+    return {
+        "num_classes": 1,
+        **{key: value for key, value in MODEL_SIZES["llama2_7b"].dims.items() if key != "rope_base"},
+    }
 
 
 def llama2_reward_7b() -> TransformerDecoder:
     """Llama 2 7B with a one-output head (:func:`llama2_classifier` with ``num_classes=1``): a reward model, whose
     output at a sequence's last token is its score. Randomly initialised."""
-    return llama2_classifier(num_classes=1, **_reward_7b_dims())
+    return llama2_classifier(**_reward_7b_dims())
 
 
-def lora_llama2_reward_7b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """:func:`llama2_reward_7b` with fresh LoRA adapters (:func:`lora_llama2_classifier` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama2_classifier`.
-    """
-    return lora_llama2_classifier(**locals(), num_classes=1, **_reward_7b_dims())
-
-
+lora_llama2_reward_7b = lora_size_builder(llama2_reward_7b, lora_llama2_classifier, dims=_reward_7b_dims)
 qlora_llama2_reward_7b = qlora_builder(lora_llama2_reward_7b)

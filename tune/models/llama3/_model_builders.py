@@ -2,13 +2,11 @@
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama3`) and the Hugging Face repo whose
 ``config.json`` they are (the instruct release; the base one has the same dimensions); the builders read it. A
-``lora_*`` builder passes its own arguments on with ``**locals()`` (its first statement, so nothing but its
-parameters is there); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
+``lora_*`` builder is the size's builder with fresh adapters (made by ``lora_size_builder`` from the family's LoRA
+component builder); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import LORA_HEAD, ModelSize, lora_size_builder, qlora_builder
 from tune.models.llama3._component_builders import llama3, lora_llama3
 from tune.modules import TransformerDecoder
 
@@ -24,31 +22,16 @@ MODEL_SIZES: dict[str, ModelSize] = {
 }
 # fmt: on
 
+# torchtune's Llama 3 size builders take quantize_base before use_dora
+_TORCHTUNE_LORA_ORDER = (*LORA_HEAD, "lora_rank", "lora_alpha", "lora_dropout", "quantize_base", "use_dora")
+
 
 def llama3_8b() -> TransformerDecoder:
     """Llama 3 8B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
     return llama3(**MODEL_SIZES["llama3_8b"].dims)
 
 
-def lora_llama3_8b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    quantize_base: bool = False,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Llama 3 8B with fresh LoRA adapters (:func:`lora_llama3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout,
-            quantize_base, use_dora: as in :func:`lora_llama3` (torchtune's order: quantize_base before use_dora).
-    """
-    return lora_llama3(**locals(), **MODEL_SIZES["llama3_8b"].dims)
-
-
+lora_llama3_8b = lora_size_builder(llama3_8b, lora_llama3, MODEL_SIZES, lora_names=_TORCHTUNE_LORA_ORDER)
 qlora_llama3_8b = qlora_builder(lora_llama3_8b)
 
 
@@ -57,23 +40,5 @@ def llama3_70b() -> TransformerDecoder:
     return llama3(**MODEL_SIZES["llama3_70b"].dims)
 
 
-def lora_llama3_70b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    quantize_base: bool = False,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Llama 3 70B with fresh LoRA adapters (:func:`lora_llama3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout,
-            quantize_base, use_dora: as in :func:`lora_llama3` (torchtune's order: quantize_base before use_dora).
-    """
-    return lora_llama3(**locals(), **MODEL_SIZES["llama3_70b"].dims)
-
-
+lora_llama3_70b = lora_size_builder(llama3_70b, lora_llama3, MODEL_SIZES, lora_names=_TORCHTUNE_LORA_ORDER)
 qlora_llama3_70b = qlora_builder(lora_llama3_70b)

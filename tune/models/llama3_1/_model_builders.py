@@ -1,15 +1,13 @@
 """Llama 3.1 model builders: the released sizes.
 
-``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama3_1`, whose RoPE scaling defaults
-are those of every Llama 3.1 size) and the Hugging Face repo whose ``config.json`` they are (base and instruct
-releases have the same dimensions); the builders read it. A ``lora_*`` builder passes its own arguments on with
-``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*`` builder is the
-``lora_*`` one with ``quantize_base=True``.
+``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama3_1`, whose RoPE scaling defaults are
+those of every Llama 3.1 size) and the Hugging Face repo whose ``config.json`` they are (base and instruct releases
+have the same dimensions); the builders read it. A ``lora_*`` builder is the size's builder with fresh adapters
+(made by ``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*``
+one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import LORA_HEAD, ModelSize, lora_size_builder, qlora_builder
 from tune.models.llama3_1._component_builders import llama3_1, lora_llama3_1
 from tune.modules import TransformerDecoder
 
@@ -28,31 +26,16 @@ MODEL_SIZES: dict[str, ModelSize] = {
 }
 # fmt: on
 
+# torchtune's 405B builder has no use_dora; tune's comes last, after quantize_base
+_405B_LORA_ORDER = (*LORA_HEAD, "lora_rank", "lora_alpha", "lora_dropout", "quantize_base", "use_dora")
+
 
 def llama3_1_8b() -> TransformerDecoder:
     """Llama 3.1 8B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
     return llama3_1(**MODEL_SIZES["llama3_1_8b"].dims)
 
 
-def lora_llama3_1_8b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Llama 3.1 8B with fresh LoRA adapters (:func:`lora_llama3_1` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama3_1`.
-    """
-    return lora_llama3_1(**locals(), **MODEL_SIZES["llama3_1_8b"].dims)
-
-
+lora_llama3_1_8b = lora_size_builder(llama3_1_8b, lora_llama3_1, MODEL_SIZES)
 qlora_llama3_1_8b = qlora_builder(lora_llama3_1_8b)
 
 
@@ -61,25 +44,7 @@ def llama3_1_70b() -> TransformerDecoder:
     return llama3_1(**MODEL_SIZES["llama3_1_70b"].dims)
 
 
-def lora_llama3_1_70b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Llama 3.1 70B with fresh LoRA adapters (:func:`lora_llama3_1` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama3_1`.
-    """
-    return lora_llama3_1(**locals(), **MODEL_SIZES["llama3_1_70b"].dims)
-
-
+lora_llama3_1_70b = lora_size_builder(llama3_1_70b, lora_llama3_1, MODEL_SIZES)
 qlora_llama3_1_70b = qlora_builder(lora_llama3_1_70b)
 
 
@@ -88,24 +53,5 @@ def llama3_1_405b() -> TransformerDecoder:
     return llama3_1(**MODEL_SIZES["llama3_1_405b"].dims)
 
 
-def lora_llama3_1_405b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    quantize_base: bool = False,
-    use_dora: bool = False,
-) -> TransformerDecoder:
-    """Llama 3.1 405B with fresh LoRA adapters (:func:`lora_llama3_1` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout,
-            quantize_base, use_dora: as in :func:`lora_llama3_1` (torchtune's builder has no use_dora; here it
-            comes last).
-    """
-    return lora_llama3_1(**locals(), **MODEL_SIZES["llama3_1_405b"].dims)
-
-
+lora_llama3_1_405b = lora_size_builder(llama3_1_405b, lora_llama3_1, MODEL_SIZES, lora_names=_405B_LORA_ORDER)
 qlora_llama3_1_405b = qlora_builder(lora_llama3_1_405b)

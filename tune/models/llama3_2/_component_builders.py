@@ -1,9 +1,12 @@
 """Llama 3.2 (text) component builders: the architecture as a function of its dimensions."""
 
-from collections.abc import Sequence
+from typing import Any
 
-from tune.models._common import build_decoder, llama_intermediate_dim, lora_spec
+from tune.models._common import LoRASpec, build_decoder, llama_intermediate_dim, lora_builder
 from tune.modules import TransformerDecoder
+
+# torchtune's LoRA builder lists these base arguments in this order after max_seq_len
+_LORA_ORDER = ("intermediate_dim", "attn_dropout", "norm_eps", "rope_base")
 
 
 def llama3_2(
@@ -40,20 +43,7 @@ def llama3_2(
     Returns:
         TransformerDecoder: the model, randomly initialised.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        rope_scaling=dict(scale_factor=scale_factor),
-        tie_word_embeddings=tie_word_embeddings,
-    )
+    return _llama3_2(lora=None, **locals())
 
 
 def llama3_2_classifier(
@@ -85,45 +75,11 @@ def llama3_2_classifier(
     Returns:
         TransformerDecoder: the model, randomly initialised.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        rope_scaling=dict(scale_factor=scale_factor),
-        output_dim=num_classes,
-    )
+    return _llama3_2(lora=None, **locals())
 
 
-def lora_llama3_2(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    max_seq_len: int,
-    intermediate_dim: int | None = None,
-    attn_dropout: float = 0.0,
-    norm_eps: float = 1e-5,
-    rope_base: float = 500_000.0,
-    scale_factor: float = 32.0,
-    tie_word_embeddings: bool = True,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
+@lora_builder(llama3_2, regroup=_LORA_ORDER)
+def lora_llama3_2(lora: LoRASpec, **dims: Any) -> TransformerDecoder:
     """:func:`llama3_2` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
     Args:
@@ -145,27 +101,22 @@ def lora_llama3_2(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on a tied output.
     """
+    return _llama3_2(lora=lora, **dims)
+
+
+def _llama3_2(
+    *,
+    lora: LoRASpec | None,
+    intermediate_dim: int | None,
+    scale_factor: float,
+    num_classes: int | None = None,
+    **dims: Any,
+) -> TransformerDecoder:
+    # the layers of every builder above; a classifier's head has num_classes outputs
     return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim or llama_intermediate_dim(embed_dim),
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
+        **dims,
+        intermediate_dim=intermediate_dim or llama_intermediate_dim(dims["embed_dim"]),
         rope_scaling=dict(scale_factor=scale_factor),
-        tie_word_embeddings=tie_word_embeddings,
-        lora=lora_spec(
-            lora_attn_modules,
-            apply_lora_to_mlp,
-            apply_lora_to_output,
-            lora_rank,
-            lora_alpha,
-            lora_dropout,
-            use_dora,
-            quantize_base,
-        ),
+        output_dim=num_classes,
+        lora=lora,
     )

@@ -1,14 +1,12 @@
 """Llama 3.2 model builders: the released sizes.
 
-``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama3_2`) and the Hugging Face repo
-whose ``config.json`` they are (the instruct release; the base one has the same dimensions); the builders read it.
-A ``lora_*`` builder passes its own arguments on with ``**locals()`` (its first statement, so nothing but its
-parameters is there); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
+``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama3_2`) and the Hugging Face repo whose
+``config.json`` they are (the instruct release; the base one has the same dimensions); the builders read it. A
+``lora_*`` builder is the size's builder with fresh adapters (made by ``lora_size_builder`` from the family's LoRA
+component builder); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.llama3_2._component_builders import llama3_2, lora_llama3_2
 from tune.modules import TransformerDecoder
 
@@ -34,26 +32,7 @@ def llama3_2_1b(tie_word_embeddings: bool = True) -> TransformerDecoder:
     return llama3_2(**{**MODEL_SIZES["llama3_2_1b"].dims, "tie_word_embeddings": tie_word_embeddings})
 
 
-def lora_llama3_2_1b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    tie_word_embeddings: bool = True,
-) -> TransformerDecoder:
-    """Llama 3.2 1B with fresh LoRA adapters (:func:`lora_llama3_2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base, tie_word_embeddings: as in :func:`lora_llama3_2`.
-    """
-    return lora_llama3_2(**{**MODEL_SIZES["llama3_2_1b"].dims, **locals()})
-
-
+lora_llama3_2_1b = lora_size_builder(llama3_2_1b, lora_llama3_2, MODEL_SIZES)
 qlora_llama3_2_1b = qlora_builder(lora_llama3_2_1b)
 
 
@@ -66,24 +45,5 @@ def llama3_2_3b(tie_word_embeddings: bool = True) -> TransformerDecoder:
     return llama3_2(**{**MODEL_SIZES["llama3_2_3b"].dims, "tie_word_embeddings": tie_word_embeddings})
 
 
-def lora_llama3_2_3b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    tie_word_embeddings: bool = True,
-) -> TransformerDecoder:
-    """Llama 3.2 3B with fresh LoRA adapters (:func:`lora_llama3_2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base, tie_word_embeddings: as in :func:`lora_llama3_2`.
-    """
-    return lora_llama3_2(**{**MODEL_SIZES["llama3_2_3b"].dims, **locals()})
-
-
+lora_llama3_2_3b = lora_size_builder(llama3_2_3b, lora_llama3_2, MODEL_SIZES)
 qlora_llama3_2_3b = qlora_builder(lora_llama3_2_3b)

@@ -1,14 +1,12 @@
 """Llama 3.3 model builders: the released size, a Llama 3.1 architecture.
 
 ``MODEL_SIZES`` holds its dimensions (keyword arguments of :func:`llama3_1`) and the Hugging Face repo whose
-``config.json`` they are; the builders read it. A ``lora_*`` builder passes its own arguments on with
-``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*`` builder is the
-``lora_*`` one with ``quantize_base=True``.
+``config.json`` they are; the builders read it. A ``lora_*`` builder is the size's builder with fresh adapters (made
+by ``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*`` one with
+``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.llama3_1 import llama3_1, lora_llama3_1
 from tune.modules import TransformerDecoder
 
@@ -27,23 +25,5 @@ def llama3_3_70b() -> TransformerDecoder:
     return llama3_1(**MODEL_SIZES["llama3_3_70b"].dims)
 
 
-def lora_llama3_3_70b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Llama 3.3 70B with fresh LoRA adapters (:func:`lora_llama3_1` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_llama3_1`.
-    """
-    return lora_llama3_1(**locals(), **MODEL_SIZES["llama3_3_70b"].dims)
-
-
+lora_llama3_3_70b = lora_size_builder(llama3_3_70b, lora_llama3_1, MODEL_SIZES)
 qlora_llama3_3_70b = qlora_builder(lora_llama3_3_70b)

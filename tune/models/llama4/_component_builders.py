@@ -22,13 +22,13 @@ Keys: ``layers.N.mlp.router.gate.weight``, ``layers.N.mlp.experts.{gate_proj,up_
 ``layers.N.mlp.{w1,w2,w3}.weight`` in dense ones; attention as in Llama (the norms have no weights).
 """
 
-import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from tune.models._common import LoRASpec, build_decoder, lora_spec
+from tune.models._common import LORA_TAIL, LoRASpec, build_decoder, lora_builder
 from tune.modules import FeedForward, Llama3ScaledRoPE, RotaryPositionalEmbeddings, TransformerDecoder
 from tune.modules.moe import MoE, SwiGLUExperts, TopKRouter
 from tune.modules.peft import DoRALinear, LoRALinear, LoRASwiGLUExperts
@@ -250,47 +250,9 @@ def llama4(
     return _build(**locals(), lora=None, lora_experts=False, lora_router=False)
 
 
+@lora_builder(llama4, tail=(*LORA_TAIL, "apply_lora_to_experts", "apply_lora_to_router"))
 def lora_llama4(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    max_seq_len: int,
-    intermediate_dim: int,
-    moe_intermediate_dim: int,
-    num_experts: int,
-    experts_per_token: int = 1,
-    interleave_moe_layer_step: int = 1,
-    moe_layers: Sequence[int] | None = None,
-    head_dim: int | None = None,
-    attn_dropout: float = 0.0,
-    norm_eps: float = 1e-5,
-    rope_base: float = 500_000.0,
-    rope_scale_factor: float | None = None,
-    rope_low_freq_factor: float = 1.0,
-    rope_high_freq_factor: float = 1.0,
-    rope_old_context_len: int = 8192,
-    use_qk_norm: bool = True,
-    no_rope_layer_interval: int = 4,
-    no_rope_layers: Sequence[int] | None = None,
-    attention_chunk_size: int | None = 8192,
-    attn_temperature_tuning: bool = True,
-    floor_scale: int = 8192,
-    attn_scale: float = 0.1,
-    tie_word_embeddings: bool = False,
-    use_grouped_mm: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_experts: bool = False,
-    apply_lora_to_router: bool = False,
+    lora: LoRASpec, *, apply_lora_to_experts: bool, apply_lora_to_router: bool, **dims: Any
 ) -> TransformerDecoder:
     """:func:`llama4` with LoRA (or DoRA, or QLoRA) layers, as :func:`tune.models.qwen3_moe.lora_qwen3_moe` does.
 
@@ -323,23 +285,9 @@ def lora_llama4(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``, LoRA on a tied output, or DoRA on experts.
     """
-    if use_dora and apply_lora_to_experts:
+    if lora.use_dora and apply_lora_to_experts:
         raise ValueError("use_dora=True is not implemented for the experts; set apply_lora_to_experts=False.")
-    spec = lora_spec(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base,
-    )
-    dims = {key: value for key, value in locals().items() if key in _DIM_NAMES}
-    return _build(**dims, lora=spec, lora_experts=apply_lora_to_experts, lora_router=apply_lora_to_router)
-
-
-_DIM_NAMES = frozenset(inspect.signature(llama4).parameters)  # lora_llama4's arguments that _build takes
+    return _build(**dims, lora=lora, lora_experts=apply_lora_to_experts, lora_router=apply_lora_to_router)
 
 
 def _layer_flags(num_layers: int, step: int, explicit: Sequence[int] | None, what: str) -> list[bool]:

@@ -1,16 +1,14 @@
 """Llama 4 model builders: the released sizes (their language models).
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama4`) and the Hugging Face repo whose
-``config.json`` (its ``text_config``) they are; the builders read it. Scout: 16 experts in every layer, Llama 3
-RoPE scaling (factor 16) and q/k norm. Maverick: 128 experts in every second layer (the others dense, width
-16384), unscaled RoPE, no q/k norm. Both route each token to one expert plus the shared expert, and leave RoPE
-out of every fourth layer. A ``lora_*`` builder passes its own arguments on with ``**locals()``; a ``qlora_*``
-builder is the ``lora_*`` one with ``quantize_base=True``.
+``config.json`` (its ``text_config``) they are; the builders read it. Scout: 16 experts in every layer, Llama 3 RoPE
+scaling (factor 16) and q/k norm. Maverick: 128 experts in every second layer (the others dense, width 16384),
+unscaled RoPE, no q/k norm. Both route each token to one expert plus the shared expert, and leave RoPE out of every
+fourth layer. A ``lora_*`` builder is the size's builder with fresh adapters (made by ``lora_size_builder`` from the
+family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.llama4._component_builders import llama4, lora_llama4
 from tune.modules import TransformerDecoder
 
@@ -43,28 +41,7 @@ def llama4_scout_17b_16e(use_grouped_mm: bool = False) -> TransformerDecoder:
     return llama4(**MODEL_SIZES["llama4_scout_17b_16e"].dims, use_grouped_mm=use_grouped_mm)
 
 
-def lora_llama4_scout_17b_16e(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_experts: bool = False,
-    apply_lora_to_router: bool = False,
-    use_grouped_mm: bool = False,
-) -> TransformerDecoder:
-    """Llama 4 Scout with fresh LoRA adapters (:func:`lora_llama4` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base, apply_lora_to_experts, apply_lora_to_router, use_grouped_mm: as in :func:`lora_llama4`.
-    """
-    return lora_llama4(**locals(), **MODEL_SIZES["llama4_scout_17b_16e"].dims)
-
-
+lora_llama4_scout_17b_16e = lora_size_builder(llama4_scout_17b_16e, lora_llama4, MODEL_SIZES)
 qlora_llama4_scout_17b_16e = qlora_builder(lora_llama4_scout_17b_16e)
 
 
@@ -79,26 +56,5 @@ def llama4_maverick_17b_128e(use_grouped_mm: bool = False) -> TransformerDecoder
     return llama4(**MODEL_SIZES["llama4_maverick_17b_128e"].dims, use_grouped_mm=use_grouped_mm)
 
 
-def lora_llama4_maverick_17b_128e(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_experts: bool = False,
-    apply_lora_to_router: bool = False,
-    use_grouped_mm: bool = False,
-) -> TransformerDecoder:
-    """Llama 4 Maverick with fresh LoRA adapters (:func:`lora_llama4` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base, apply_lora_to_experts, apply_lora_to_router, use_grouped_mm: as in :func:`lora_llama4`.
-    """
-    return lora_llama4(**locals(), **MODEL_SIZES["llama4_maverick_17b_128e"].dims)
-
-
+lora_llama4_maverick_17b_128e = lora_size_builder(llama4_maverick_17b_128e, lora_llama4, MODEL_SIZES)
 qlora_llama4_maverick_17b_128e = qlora_builder(lora_llama4_maverick_17b_128e)

@@ -1,8 +1,8 @@
 """Mistral component builders: the architecture as a function of its dimensions."""
 
-from collections.abc import Sequence
+from typing import Any
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import LORA_TAIL, LoRASpec, build_decoder, lora_builder
 from tune.modules import TransformerDecoder
 
 
@@ -41,45 +41,11 @@ def mistral(
     Returns:
         TransformerDecoder: the model, randomly initialised.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        sliding_windows=[sliding_window] * num_layers,
-        head_dim=head_dim,
-    )
+    return _mistral(lora=None, **locals())
 
 
-def lora_mistral(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    intermediate_dim: int,
-    max_seq_len: int,
-    attn_dropout: float = 0.0,
-    norm_eps: float = 1e-5,
-    rope_base: float = 10_000.0,
-    sliding_window: int | None = None,
-    head_dim: int | None = None,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
+@lora_builder(mistral)
+def lora_mistral(lora: LoRASpec, **dims: Any) -> TransformerDecoder:
     """:func:`mistral` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
     Args:
@@ -101,30 +67,7 @@ def lora_mistral(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on a tied output.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        sliding_windows=[sliding_window] * num_layers,
-        head_dim=head_dim,
-        lora=lora_spec(
-            lora_attn_modules,
-            apply_lora_to_mlp,
-            apply_lora_to_output,
-            lora_rank,
-            lora_alpha,
-            lora_dropout,
-            use_dora,
-            quantize_base,
-        ),
-    )
+    return _mistral(lora=lora, **dims)
 
 
 def mistral_classifier(
@@ -156,45 +99,11 @@ def mistral_classifier(
     Returns:
         TransformerDecoder: the model, randomly initialised.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        sliding_windows=[sliding_window] * num_layers,
-        output_dim=num_classes,
-    )
+    return _mistral(lora=None, **locals())
 
 
-def lora_mistral_classifier(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    *,
-    num_classes: int,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    intermediate_dim: int,
-    max_seq_len: int,
-    attn_dropout: float = 0.0,
-    norm_eps: float = 1e-5,
-    rope_base: float = 10_000.0,
-    lora_rank: int,
-    lora_alpha: float,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    sliding_window: int | None = None,
-) -> TransformerDecoder:
+@lora_builder(mistral_classifier, tail=(*LORA_TAIL, "sliding_window"), required=("lora_rank", "lora_alpha"))
+def lora_mistral_classifier(lora: LoRASpec, **dims: Any) -> TransformerDecoder:
     """:func:`mistral_classifier` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
     Args:
@@ -211,27 +120,12 @@ def lora_mistral_classifier(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        sliding_windows=[sliding_window] * num_layers,
-        output_dim=num_classes,
-        lora=lora_spec(
-            lora_attn_modules,
-            apply_lora_to_mlp,
-            apply_lora_to_output,
-            lora_rank,
-            lora_alpha,
-            lora_dropout,
-            use_dora,
-            quantize_base,
-        ),
-    )
+    return _mistral(lora=lora, **dims)
+
+
+def _mistral(
+    *, lora: LoRASpec | None, sliding_window: int | None, num_classes: int | None = None, **dims: Any
+) -> TransformerDecoder:
+    # the layers of every builder above; a classifier's head has num_classes outputs
+    windows = [sliding_window] * dims["num_layers"]
+    return build_decoder(**dims, sliding_windows=windows, output_dim=num_classes, lora=lora)

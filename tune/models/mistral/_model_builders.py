@@ -1,14 +1,12 @@
 """Mistral model builders: the released sizes.
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`mistral`) and the Hugging Face repo whose
-``config.json`` they are; the builders read it. A ``lora_*`` builder passes its own arguments on with
-``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*`` builder is the
-``lora_*`` one with ``quantize_base=True``.
+``config.json`` they are; the builders read it. A ``lora_*`` builder is the size's builder with fresh adapters (made
+by ``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*`` one with
+``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.mistral._component_builders import (
     lora_mistral,
     lora_mistral_classifier,
@@ -40,25 +38,7 @@ def mistral_7b() -> TransformerDecoder:
     return mistral(**MODEL_SIZES["mistral_7b"].dims)
 
 
-def lora_mistral_7b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Mistral 7B v0.1 with fresh LoRA adapters (:func:`lora_mistral` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_mistral`.
-    """
-    return lora_mistral(**locals(), **MODEL_SIZES["mistral_7b"].dims)
-
-
+lora_mistral_7b = lora_size_builder(mistral_7b, lora_mistral, MODEL_SIZES)
 qlora_mistral_7b = qlora_builder(lora_mistral_7b)
 
 
@@ -67,25 +47,7 @@ def mistral_7b_v0_3() -> TransformerDecoder:
     return mistral(**MODEL_SIZES["mistral_7b_v0_3"].dims)
 
 
-def lora_mistral_7b_v0_3(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Mistral 7B v0.3 with fresh LoRA adapters (:func:`lora_mistral` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_mistral`.
-    """
-    return lora_mistral(**locals(), **MODEL_SIZES["mistral_7b_v0_3"].dims)
-
-
+lora_mistral_7b_v0_3 = lora_size_builder(mistral_7b_v0_3, lora_mistral, MODEL_SIZES)
 qlora_mistral_7b_v0_3 = qlora_builder(lora_mistral_7b_v0_3)
 
 
@@ -94,56 +56,20 @@ def mistral_nemo_12b() -> TransformerDecoder:
     return mistral(**MODEL_SIZES["mistral_nemo_12b"].dims)
 
 
-def lora_mistral_nemo_12b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Mistral NeMo 12B with fresh LoRA adapters (:func:`lora_mistral` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_mistral`.
-    """
-    return lora_mistral(**locals(), **MODEL_SIZES["mistral_nemo_12b"].dims)
-
-
+lora_mistral_nemo_12b = lora_size_builder(mistral_nemo_12b, lora_mistral, MODEL_SIZES)
 qlora_mistral_nemo_12b = qlora_builder(lora_mistral_nemo_12b)
 
 
 def _reward_7b_dims() -> dict:
     # torchtune's Mistral reward model: the 7B dimensions with full attention (no sliding window)
-    return {key: value for key, value in MODEL_SIZES["mistral_7b"].dims.items() if key != "sliding_window"}
+    return {"num_classes": 1, **{k: v for k, v in MODEL_SIZES["mistral_7b"].dims.items() if k != "sliding_window"}}
 
 
 def mistral_reward_7b() -> TransformerDecoder:
     """Mistral 7B with a one-output head (:func:`mistral_classifier` with ``num_classes=1``) and full attention:
     a reward model, whose output at a sequence's last token is its score. Randomly initialised."""
-    return mistral_classifier(num_classes=1, **_reward_7b_dims())
+    return mistral_classifier(**_reward_7b_dims())
 
 
-def lora_mistral_reward_7b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """:func:`mistral_reward_7b` with fresh LoRA adapters (:func:`lora_mistral_classifier` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_mistral_classifier`.
-    """
-    return lora_mistral_classifier(**locals(), num_classes=1, **_reward_7b_dims())
-
-
+lora_mistral_reward_7b = lora_size_builder(mistral_reward_7b, lora_mistral_classifier, dims=_reward_7b_dims)
 qlora_mistral_reward_7b = qlora_builder(lora_mistral_reward_7b)

@@ -1,9 +1,9 @@
 """Phi-3 component builders: the architecture as a function of its dimensions."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import LoRASpec, build_decoder, lora_builder
 from tune.modules import LongRoPE, TransformerDecoder
 
 
@@ -71,45 +71,11 @@ def phi3(
     Raises:
         ValueError: for unknown ``rope_scaling`` keys or factor lists of the wrong length.
     """
-    model = build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        sliding_windows=[sliding_window] * num_layers,
-    )
-    return _use_long_rope(model, rope_scaling, rope_base)
+    return _phi3(lora=None, **locals())
 
 
-def lora_phi3(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    intermediate_dim: int,
-    max_seq_len: int,
-    attn_dropout: float = 0.0,
-    norm_eps: float = 1e-5,
-    rope_base: float = 10_000.0,
-    sliding_window: int | None = None,
-    rope_scaling: Mapping[str, Any] | None = None,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
+@lora_builder(phi3)
+def lora_phi3(lora: LoRASpec, **dims: Any) -> TransformerDecoder:
     """:func:`phi3` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
     Args:
@@ -132,27 +98,12 @@ def lora_phi3(
         ValueError: for an unknown module in ``lora_attn_modules``, LoRA on a tied output, or a bad
             ``rope_scaling``.
     """
-    model = build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        sliding_windows=[sliding_window] * num_layers,
-        lora=lora_spec(
-            lora_attn_modules,
-            apply_lora_to_mlp,
-            apply_lora_to_output,
-            lora_rank,
-            lora_alpha,
-            lora_dropout,
-            use_dora,
-            quantize_base,
-        ),
-    )
-    return _use_long_rope(model, rope_scaling, rope_base)
+    return _phi3(lora=lora, **dims)
+
+
+def _phi3(
+    *, lora: LoRASpec | None, sliding_window: int | None, rope_scaling: Mapping[str, Any] | None, **dims: Any
+) -> TransformerDecoder:
+    windows = [sliding_window] * dims["num_layers"]
+    model = build_decoder(**dims, sliding_windows=windows, lora=lora)
+    return _use_long_rope(model, rope_scaling, dims["rope_base"])

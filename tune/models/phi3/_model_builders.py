@@ -1,9 +1,9 @@
 """Phi-3 model builders: the released sizes.
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`phi3`) and the Hugging Face repo whose
-``config.json`` they are; the builders read it. A ``lora_*`` builder passes its own arguments on with
-``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*`` builder is the
-``lora_*`` one with ``quantize_base=True``.
+``config.json`` they are; the builders read it. A ``lora_*`` builder is the size's builder with fresh adapters (made
+by ``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*`` one with
+``quantize_base=True``.
 
 The 128k-context size uses LongRoPE. Its 48 + 48 published per-frequency factors are not in the table (tune does
 not ship a transcription of them): its builders read them from the checkpoint's ``config.json``
@@ -12,10 +12,9 @@ factor of a 131072 / 4096 extension still applied) and log a warning. ``tune.mod
 """
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.phi3._component_builders import lora_phi3, phi3
 from tune.models.phi3._convert_weights import read_long_rope_factors as _read_long_rope_factors
 from tune.modules import TransformerDecoder
@@ -40,25 +39,7 @@ def phi3_mini() -> TransformerDecoder:
     return phi3(**MODEL_SIZES["phi3_mini"].dims)
 
 
-def lora_phi3_mini(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Phi-3-mini-4k with fresh LoRA adapters (:func:`lora_phi3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_phi3`.
-    """
-    return lora_phi3(**locals(), **MODEL_SIZES["phi3_mini"].dims)
-
-
+lora_phi3_mini = lora_size_builder(phi3_mini, lora_phi3, MODEL_SIZES)
 qlora_phi3_mini = qlora_builder(lora_phi3_mini)
 
 
@@ -89,27 +70,5 @@ def phi3_mini_128k(hf_config_path: str | None = None) -> TransformerDecoder:
     return phi3(**_mini_128k_dims(hf_config_path))
 
 
-def lora_phi3_mini_128k(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    hf_config_path: str | None = None,
-) -> TransformerDecoder:
-    """Phi-3-mini-128k with fresh LoRA adapters (:func:`lora_phi3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_phi3`.
-        hf_config_path (str | None): as in :func:`phi3_mini_128k`.
-    """
-    lora_kwargs = dict(locals())
-    dims = _mini_128k_dims(lora_kwargs.pop("hf_config_path"))
-    return lora_phi3(**lora_kwargs, **dims)
-
-
+lora_phi3_mini_128k = lora_size_builder(phi3_mini_128k, lora_phi3, dims=_mini_128k_dims)
 qlora_phi3_mini_128k = qlora_builder(lora_phi3_mini_128k)

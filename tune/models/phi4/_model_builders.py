@@ -2,14 +2,12 @@
 https://arxiv.org/abs/2412.08905) with grouped-query attention, a 100352-token vocabulary and RoPE theta 250000.
 
 ``MODEL_SIZES`` holds its dimensions (keyword arguments of :func:`~tune.models.phi3.phi3`) and the Hugging Face repo
-whose ``config.json`` they are; the builders read it. A ``lora_*`` builder passes its own arguments on with
-``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*`` builder is the
-``lora_*`` one with ``quantize_base=True``.
+whose ``config.json`` they are; the builders read it. A ``lora_*`` builder is the size's builder with fresh adapters
+(made by ``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*``
+one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.phi3 import lora_phi3, phi3
 from tune.modules import TransformerDecoder
 
@@ -28,23 +26,5 @@ def phi4_14b() -> TransformerDecoder:
     return phi3(**MODEL_SIZES["phi4_14b"].dims)
 
 
-def lora_phi4_14b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Phi-4 (14B) with fresh LoRA adapters (:func:`~tune.models.phi3.lora_phi3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`~tune.models.phi3.lora_phi3`.
-    """
-    return lora_phi3(**locals(), **MODEL_SIZES["phi4_14b"].dims)
-
-
+lora_phi4_14b = lora_size_builder(phi4_14b, lora_phi3, MODEL_SIZES)
 qlora_phi4_14b = qlora_builder(lora_phi4_14b)

@@ -1,15 +1,13 @@
 """Qwen2 model builders: the released sizes, the architecture of Qwen2.5 (:func:`~tune.models.qwen2_5.qwen2`).
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`~tune.models.qwen2_5.qwen2`) and the
-Hugging Face repo whose ``config.json`` they are; the builders read it. A ``lora_*`` builder passes its own
-arguments on with ``**locals()`` (its first statement, so nothing but its parameters is there); a ``qlora_*``
-builder is the ``lora_*`` one with ``quantize_base=True``. The 0.5B and 1.5B sizes tie their output projection to
-the token embeddings, so their LoRA builders take no ``apply_lora_to_output`` (as in torchtune).
+Hugging Face repo whose ``config.json`` they are; the builders read it. A ``lora_*`` builder is the size's builder
+with fresh adapters (made by ``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder
+is the ``lora_*`` one with ``quantize_base=True``. The 0.5B and 1.5B sizes tie their output projection to the token
+embeddings, so their LoRA builders take no ``apply_lora_to_output`` (as in torchtune).
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import LORA_HEAD, LORA_TAIL, ModelSize, lora_size_builder, qlora_builder
 from tune.models.qwen2_5 import lora_qwen2, qwen2
 from tune.modules import TransformerDecoder
 
@@ -28,30 +26,16 @@ MODEL_SIZES: dict[str, ModelSize] = {
 }
 # fmt: on
 
+# the LoRA arguments of the sizes with a tied output: all but apply_lora_to_output
+_TIED_LORA_ARGUMENTS = (*LORA_HEAD[:2], *LORA_TAIL)
+
 
 def qwen2_0_5b() -> TransformerDecoder:
     """Qwen2 0.5B, randomly initialised (load weights with a checkpointer or ``tune.models.from_hf``)."""
     return qwen2(**MODEL_SIZES["qwen2_0_5b"].dims)
 
 
-def lora_qwen2_0_5b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2 0.5B with fresh LoRA adapters (:func:`~tune.models.qwen2_5.lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base: as in
-            :func:`~tune.models.qwen2_5.lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_0_5b"].dims)
-
-
+lora_qwen2_0_5b = lora_size_builder(qwen2_0_5b, lora_qwen2, MODEL_SIZES, lora_names=_TIED_LORA_ARGUMENTS)
 qlora_qwen2_0_5b = qlora_builder(lora_qwen2_0_5b)
 
 
@@ -60,24 +44,7 @@ def qwen2_1_5b() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_1_5b"].dims)
 
 
-def lora_qwen2_1_5b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2 1.5B with fresh LoRA adapters (:func:`~tune.models.qwen2_5.lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, lora_rank, lora_alpha, lora_dropout, use_dora, quantize_base: as in
-            :func:`~tune.models.qwen2_5.lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_1_5b"].dims)
-
-
+lora_qwen2_1_5b = lora_size_builder(qwen2_1_5b, lora_qwen2, MODEL_SIZES, lora_names=_TIED_LORA_ARGUMENTS)
 qlora_qwen2_1_5b = qlora_builder(lora_qwen2_1_5b)
 
 
@@ -86,24 +53,5 @@ def qwen2_7b() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_7b"].dims)
 
 
-def lora_qwen2_7b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2 7B with fresh LoRA adapters (:func:`~tune.models.qwen2_5.lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in
-            :func:`~tune.models.qwen2_5.lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_7b"].dims)
-
-
+lora_qwen2_7b = lora_size_builder(qwen2_7b, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_7b = qlora_builder(lora_qwen2_7b)

@@ -1,8 +1,9 @@
 """Qwen2 / Qwen2.5 component builders: the architecture as a function of its dimensions."""
 
 from collections.abc import Sequence
+from typing import Any
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import LoRASpec, build_decoder, lora_builder
 from tune.modules import TransformerDecoder
 
 
@@ -40,48 +41,11 @@ def qwen2(
     Returns:
         TransformerDecoder: the model, randomly initialised.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        tie_word_embeddings=tie_word_embeddings,
-        q_proj_bias=True,
-        k_proj_bias=True,
-        v_proj_bias=True,
-        sliding_windows=sliding_windows,
-    )
+    return _qwen2(lora=None, **locals())
 
 
-def lora_qwen2(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    intermediate_dim: int,
-    max_seq_len: int,
-    attn_dropout: float = 0.0,
-    norm_eps: float = 1e-5,
-    rope_base: float = 1_000_000.0,
-    tie_word_embeddings: bool = False,
-    sliding_windows: Sequence[int | None] | None = None,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
+@lora_builder(qwen2)
+def lora_qwen2(lora: LoRASpec, **dims: Any) -> TransformerDecoder:
     """:func:`qwen2` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
     Args:
@@ -103,30 +67,9 @@ def lora_qwen2(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on a tied output.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        tie_word_embeddings=tie_word_embeddings,
-        q_proj_bias=True,
-        k_proj_bias=True,
-        v_proj_bias=True,
-        sliding_windows=sliding_windows,
-        lora=lora_spec(
-            lora_attn_modules,
-            apply_lora_to_mlp,
-            apply_lora_to_output,
-            lora_rank,
-            lora_alpha,
-            lora_dropout,
-            use_dora,
-            quantize_base,
-        ),
-    )
+    return _qwen2(lora=lora, **dims)
+
+
+def _qwen2(*, lora: LoRASpec | None, **dims: Any) -> TransformerDecoder:
+    # Qwen2 has biases on the query, key and value projections
+    return build_decoder(**dims, q_proj_bias=True, k_proj_bias=True, v_proj_bias=True, lora=lora)

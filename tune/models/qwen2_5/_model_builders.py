@@ -1,15 +1,13 @@
 """Qwen2.5 model builders: the released sizes.
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`qwen2`) and the Hugging Face repo whose
-``config.json`` they are; the builders read it. Base and instruct releases of one size differ in context length
-and, from 14B up, RMSNorm epsilon. A ``lora_*`` builder passes its own arguments on with ``**locals()`` (its first
-statement, so nothing but its parameters is there); a ``qlora_*`` builder is the ``lora_*`` one with
+``config.json`` they are; the builders read it. Base and instruct releases of one size differ in context length and,
+from 14B up, RMSNorm epsilon. A ``lora_*`` builder is the size's builder with fresh adapters (made by
+``lora_size_builder`` from the family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*`` one with
 ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.qwen2_5._component_builders import lora_qwen2, qwen2
 from tune.modules import TransformerDecoder
 
@@ -61,25 +59,7 @@ def qwen2_5_0_5b() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_0_5b"].dims)
 
 
-def lora_qwen2_5_0_5b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 0.5B with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_0_5b"].dims)
-
-
+lora_qwen2_5_0_5b = lora_size_builder(qwen2_5_0_5b, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_0_5b = qlora_builder(lora_qwen2_5_0_5b)
 
 
@@ -88,25 +68,7 @@ def qwen2_5_1_5b_base() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_1_5b_base"].dims)
 
 
-def lora_qwen2_5_1_5b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 1.5B base with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_1_5b_base"].dims)
-
-
+lora_qwen2_5_1_5b_base = lora_size_builder(qwen2_5_1_5b_base, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_1_5b_base = qlora_builder(lora_qwen2_5_1_5b_base)
 
 
@@ -115,25 +77,7 @@ def qwen2_5_1_5b_instruct() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_1_5b_instruct"].dims)
 
 
-def lora_qwen2_5_1_5b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 1.5B instruct with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_1_5b_instruct"].dims)
-
-
+lora_qwen2_5_1_5b_instruct = lora_size_builder(qwen2_5_1_5b_instruct, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_1_5b_instruct = qlora_builder(lora_qwen2_5_1_5b_instruct)
 
 
@@ -142,25 +86,7 @@ def qwen2_5_3b() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_3b"].dims)
 
 
-def lora_qwen2_5_3b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 3B with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_3b"].dims)
-
-
+lora_qwen2_5_3b = lora_size_builder(qwen2_5_3b, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_3b = qlora_builder(lora_qwen2_5_3b)
 
 
@@ -169,25 +95,7 @@ def qwen2_5_7b_base() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_7b_base"].dims)
 
 
-def lora_qwen2_5_7b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 7B base with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_7b_base"].dims)
-
-
+lora_qwen2_5_7b_base = lora_size_builder(qwen2_5_7b_base, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_7b_base = qlora_builder(lora_qwen2_5_7b_base)
 
 
@@ -196,25 +104,7 @@ def qwen2_5_7b_instruct() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_7b_instruct"].dims)
 
 
-def lora_qwen2_5_7b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 7B instruct with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_7b_instruct"].dims)
-
-
+lora_qwen2_5_7b_instruct = lora_size_builder(qwen2_5_7b_instruct, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_7b_instruct = qlora_builder(lora_qwen2_5_7b_instruct)
 
 
@@ -223,25 +113,7 @@ def qwen2_5_14b_base() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_14b_base"].dims)
 
 
-def lora_qwen2_5_14b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 14B base with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_14b_base"].dims)
-
-
+lora_qwen2_5_14b_base = lora_size_builder(qwen2_5_14b_base, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_14b_base = qlora_builder(lora_qwen2_5_14b_base)
 
 
@@ -250,25 +122,7 @@ def qwen2_5_14b_instruct() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_14b_instruct"].dims)
 
 
-def lora_qwen2_5_14b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 14B instruct with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_14b_instruct"].dims)
-
-
+lora_qwen2_5_14b_instruct = lora_size_builder(qwen2_5_14b_instruct, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_14b_instruct = qlora_builder(lora_qwen2_5_14b_instruct)
 
 
@@ -277,25 +131,7 @@ def qwen2_5_32b_base() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_32b_base"].dims)
 
 
-def lora_qwen2_5_32b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 32B base with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_32b_base"].dims)
-
-
+lora_qwen2_5_32b_base = lora_size_builder(qwen2_5_32b_base, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_32b_base = qlora_builder(lora_qwen2_5_32b_base)
 
 
@@ -304,25 +140,7 @@ def qwen2_5_32b_instruct() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_32b_instruct"].dims)
 
 
-def lora_qwen2_5_32b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 32B instruct with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_32b_instruct"].dims)
-
-
+lora_qwen2_5_32b_instruct = lora_size_builder(qwen2_5_32b_instruct, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_32b_instruct = qlora_builder(lora_qwen2_5_32b_instruct)
 
 
@@ -331,25 +149,7 @@ def qwen2_5_72b_base() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_72b_base"].dims)
 
 
-def lora_qwen2_5_72b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 72B base with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_72b_base"].dims)
-
-
+lora_qwen2_5_72b_base = lora_size_builder(qwen2_5_72b_base, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_72b_base = qlora_builder(lora_qwen2_5_72b_base)
 
 
@@ -358,23 +158,5 @@ def qwen2_5_72b_instruct() -> TransformerDecoder:
     return qwen2(**MODEL_SIZES["qwen2_5_72b_instruct"].dims)
 
 
-def lora_qwen2_5_72b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen2.5 72B instruct with fresh LoRA adapters (:func:`lora_qwen2` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen2`.
-    """
-    return lora_qwen2(**locals(), **MODEL_SIZES["qwen2_5_72b_instruct"].dims)
-
-
+lora_qwen2_5_72b_instruct = lora_size_builder(qwen2_5_72b_instruct, lora_qwen2, MODEL_SIZES)
 qlora_qwen2_5_72b_instruct = qlora_builder(lora_qwen2_5_72b_instruct)

@@ -1,8 +1,9 @@
 """Qwen3 component builders: the architecture as a function of its dimensions."""
 
 from collections.abc import Sequence
+from typing import Any
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import LoRASpec, build_decoder, lora_builder
 from tune.modules import TransformerDecoder
 
 
@@ -51,56 +52,11 @@ def qwen3(
     Returns:
         TransformerDecoder: the model, randomly initialised.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        head_dim=head_dim,
-        tie_word_embeddings=tie_word_embeddings,
-        q_proj_bias=q_proj_bias,
-        k_proj_bias=k_proj_bias,
-        v_proj_bias=v_proj_bias,
-        qk_norm=_both(q_norm, k_norm),
-        sliding_windows=sliding_windows,
-    )
+    return _qwen3(lora=None, **locals())
 
 
-def lora_qwen3(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    max_seq_len: int,
-    intermediate_dim: int,
-    attn_dropout: float = 0.0,
-    head_dim: int | None = None,
-    norm_eps: float = 1e-6,
-    rope_base: float = 1_000_000.0,
-    tie_word_embeddings: bool = False,
-    q_proj_bias: bool = False,
-    k_proj_bias: bool = False,
-    v_proj_bias: bool = False,
-    q_norm: bool = True,
-    k_norm: bool = True,
-    sliding_windows: Sequence[int | None] | None = None,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
+@lora_builder(qwen3)
+def lora_qwen3(lora: LoRASpec, **dims: Any) -> TransformerDecoder:
     """:func:`qwen3` with LoRA (or DoRA, or QLoRA) layers in place of the chosen linear layers.
 
     Args:
@@ -123,38 +79,10 @@ def lora_qwen3(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``, or LoRA on a tied output.
     """
-    return build_decoder(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        intermediate_dim=intermediate_dim,
-        max_seq_len=max_seq_len,
-        attn_dropout=attn_dropout,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        head_dim=head_dim,
-        tie_word_embeddings=tie_word_embeddings,
-        q_proj_bias=q_proj_bias,
-        k_proj_bias=k_proj_bias,
-        v_proj_bias=v_proj_bias,
-        qk_norm=_both(q_norm, k_norm),
-        sliding_windows=sliding_windows,
-        lora=lora_spec(
-            lora_attn_modules,
-            apply_lora_to_mlp,
-            apply_lora_to_output,
-            lora_rank,
-            lora_alpha,
-            lora_dropout,
-            use_dora,
-            quantize_base,
-        ),
-    )
+    return _qwen3(lora=lora, **dims)
 
 
-def _both(q_norm: bool, k_norm: bool) -> bool:
+def _qwen3(*, lora: LoRASpec | None, q_norm: bool, k_norm: bool, **dims: Any) -> TransformerDecoder:
     if q_norm != k_norm:
         raise ValueError(f"q_norm and k_norm must be equal (Qwen3 normalises both), got {q_norm} and {k_norm}.")
-    return q_norm
+    return build_decoder(**dims, qk_norm=q_norm, lora=lora)

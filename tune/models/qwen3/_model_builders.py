@@ -2,13 +2,11 @@
 
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`qwen3`) and the Hugging Face repo whose
 ``config.json`` they are; the builders read it. Base and instruct releases of one size differ only in context
-length. A ``lora_*`` builder passes its own arguments on with ``**locals()`` (its first statement, so nothing but
-its parameters is there); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
+length. A ``lora_*`` builder is the size's builder with fresh adapters (made by ``lora_size_builder`` from the
+family's LoRA component builder); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.qwen3._component_builders import lora_qwen3, qwen3
 from tune.modules import TransformerDecoder
 
@@ -57,25 +55,7 @@ def qwen3_0_6b_base() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_0_6b_base"].dims)
 
 
-def lora_qwen3_0_6b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 0.6B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_0_6b_base"].dims)
-
-
+lora_qwen3_0_6b_base = lora_size_builder(qwen3_0_6b_base, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_0_6b_base = qlora_builder(lora_qwen3_0_6b_base)
 
 
@@ -84,25 +64,7 @@ def qwen3_0_6b_instruct() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_0_6b_instruct"].dims)
 
 
-def lora_qwen3_0_6b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 0.6B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_0_6b_instruct"].dims)
-
-
+lora_qwen3_0_6b_instruct = lora_size_builder(qwen3_0_6b_instruct, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_0_6b_instruct = qlora_builder(lora_qwen3_0_6b_instruct)
 
 
@@ -111,25 +73,7 @@ def qwen3_1_7b_base() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_1_7b_base"].dims)
 
 
-def lora_qwen3_1_7b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 1.7B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_1_7b_base"].dims)
-
-
+lora_qwen3_1_7b_base = lora_size_builder(qwen3_1_7b_base, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_1_7b_base = qlora_builder(lora_qwen3_1_7b_base)
 
 
@@ -138,25 +82,7 @@ def qwen3_1_7b_instruct() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_1_7b_instruct"].dims)
 
 
-def lora_qwen3_1_7b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 1.7B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_1_7b_instruct"].dims)
-
-
+lora_qwen3_1_7b_instruct = lora_size_builder(qwen3_1_7b_instruct, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_1_7b_instruct = qlora_builder(lora_qwen3_1_7b_instruct)
 
 
@@ -165,25 +91,7 @@ def qwen3_4b_base() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_4b_base"].dims)
 
 
-def lora_qwen3_4b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 4B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_4b_base"].dims)
-
-
+lora_qwen3_4b_base = lora_size_builder(qwen3_4b_base, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_4b_base = qlora_builder(lora_qwen3_4b_base)
 
 
@@ -192,25 +100,7 @@ def qwen3_4b_instruct() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_4b_instruct"].dims)
 
 
-def lora_qwen3_4b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 4B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_4b_instruct"].dims)
-
-
+lora_qwen3_4b_instruct = lora_size_builder(qwen3_4b_instruct, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_4b_instruct = qlora_builder(lora_qwen3_4b_instruct)
 
 
@@ -219,25 +109,7 @@ def qwen3_8b_base() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_8b_base"].dims)
 
 
-def lora_qwen3_8b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 8B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_8b_base"].dims)
-
-
+lora_qwen3_8b_base = lora_size_builder(qwen3_8b_base, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_8b_base = qlora_builder(lora_qwen3_8b_base)
 
 
@@ -246,25 +118,7 @@ def qwen3_8b_instruct() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_8b_instruct"].dims)
 
 
-def lora_qwen3_8b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 8B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_8b_instruct"].dims)
-
-
+lora_qwen3_8b_instruct = lora_size_builder(qwen3_8b_instruct, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_8b_instruct = qlora_builder(lora_qwen3_8b_instruct)
 
 
@@ -273,25 +127,7 @@ def qwen3_14b_base() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_14b_base"].dims)
 
 
-def lora_qwen3_14b_base(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 14B base with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_14b_base"].dims)
-
-
+lora_qwen3_14b_base = lora_size_builder(qwen3_14b_base, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_14b_base = qlora_builder(lora_qwen3_14b_base)
 
 
@@ -300,25 +136,7 @@ def qwen3_14b_instruct() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_14b_instruct"].dims)
 
 
-def lora_qwen3_14b_instruct(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 14B instruct with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_14b_instruct"].dims)
-
-
+lora_qwen3_14b_instruct = lora_size_builder(qwen3_14b_instruct, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_14b_instruct = qlora_builder(lora_qwen3_14b_instruct)
 
 
@@ -327,23 +145,5 @@ def qwen3_32b() -> TransformerDecoder:
     return qwen3(**MODEL_SIZES["qwen3_32b"].dims)
 
 
-def lora_qwen3_32b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-) -> TransformerDecoder:
-    """Qwen3 32B with fresh LoRA adapters (:func:`lora_qwen3` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base: as in :func:`lora_qwen3`.
-    """
-    return lora_qwen3(**locals(), **MODEL_SIZES["qwen3_32b"].dims)
-
-
+lora_qwen3_32b = lora_size_builder(qwen3_32b, lora_qwen3, MODEL_SIZES)
 qlora_qwen3_32b = qlora_builder(lora_qwen3_32b)

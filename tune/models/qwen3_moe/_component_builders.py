@@ -8,10 +8,11 @@ and ``layers.N.mlp.experts.{gate_proj,up_proj,down_proj}`` (``[num_experts, out,
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
-from tune.models._common import build_decoder, lora_spec
+from tune.models._common import LORA_TAIL, LoRASpec, build_decoder, lora_builder
 from tune.modules import FeedForward, TransformerDecoder
 from tune.modules.moe import MoE, SwiGLUExperts, TopKRouter, moe_layer_pattern
 from tune.modules.peft import DoRALinear, LoRALinear, LoRASwiGLUExperts
@@ -69,38 +70,9 @@ def qwen3_moe(
     return _build(**locals(), lora=None, lora_experts=False, lora_router=False)
 
 
+@lora_builder(qwen3_moe, tail=(*LORA_TAIL, "apply_lora_to_experts", "apply_lora_to_router"))
 def lora_qwen3_moe(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    *,
-    vocab_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    embed_dim: int,
-    max_seq_len: int,
-    intermediate_dim: int,
-    moe_intermediate_dim: int,
-    num_experts: int,
-    experts_per_token: int,
-    norm_topk_prob: bool = True,
-    decoder_sparse_step: int = 1,
-    mlp_only_layers: Sequence[int] = (),
-    attn_dropout: float = 0.0,
-    head_dim: int | None = None,
-    norm_eps: float = 1e-6,
-    rope_base: float = 1_000_000.0,
-    tie_word_embeddings: bool = False,
-    sliding_windows: Sequence[int | None] | None = None,
-    use_grouped_mm: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_experts: bool = False,
-    apply_lora_to_router: bool = False,
+    lora: LoRASpec, *, apply_lora_to_experts: bool, apply_lora_to_router: bool, **dims: Any
 ) -> TransformerDecoder:
     """:func:`qwen3_moe` with LoRA (or DoRA, or QLoRA) layers.
 
@@ -134,43 +106,9 @@ def lora_qwen3_moe(
     Raises:
         ValueError: for an unknown module in ``lora_attn_modules``, LoRA on a tied output, or DoRA on experts.
     """
-    if use_dora and apply_lora_to_experts:
+    if lora.use_dora and apply_lora_to_experts:
         raise ValueError("use_dora=True is not implemented for the experts; set apply_lora_to_experts=False.")
-    spec = lora_spec(
-        lora_attn_modules,
-        apply_lora_to_mlp,
-        apply_lora_to_output,
-        lora_rank,
-        lora_alpha,
-        lora_dropout,
-        use_dora,
-        quantize_base,
-    )
-    return _build(
-        vocab_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        embed_dim=embed_dim,
-        max_seq_len=max_seq_len,
-        intermediate_dim=intermediate_dim,
-        moe_intermediate_dim=moe_intermediate_dim,
-        num_experts=num_experts,
-        experts_per_token=experts_per_token,
-        norm_topk_prob=norm_topk_prob,
-        decoder_sparse_step=decoder_sparse_step,
-        mlp_only_layers=mlp_only_layers,
-        attn_dropout=attn_dropout,
-        head_dim=head_dim,
-        norm_eps=norm_eps,
-        rope_base=rope_base,
-        tie_word_embeddings=tie_word_embeddings,
-        sliding_windows=sliding_windows,
-        use_grouped_mm=use_grouped_mm,
-        lora=spec,
-        lora_experts=apply_lora_to_experts,
-        lora_router=apply_lora_to_router,
-    )
+    return _build(**dims, lora=lora, lora_experts=apply_lora_to_experts, lora_router=apply_lora_to_router)
 
 
 def _build(*, lora, lora_experts: bool, lora_router: bool, **dims) -> TransformerDecoder:

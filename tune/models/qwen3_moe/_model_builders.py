@@ -3,13 +3,11 @@
 ``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`qwen3_moe`) and the Hugging Face repo
 whose ``config.json`` they are; the builders read it. Both sizes are sparse in every layer
 (``decoder_sparse_step: 1``, ``mlp_only_layers: []``), so ``intermediate_dim`` (the dense width) is unused there.
-A ``lora_*`` builder passes its own arguments on with ``**locals()``; a ``qlora_*`` builder is the ``lora_*`` one
-with ``quantize_base=True``.
+A ``lora_*`` builder is the size's builder with fresh adapters (made by ``lora_size_builder`` from the family's
+LoRA component builder); a ``qlora_*`` builder is the ``lora_*`` one with ``quantize_base=True``.
 """
 
-from collections.abc import Sequence
-
-from tune.models._common import ModelSize, qlora_builder
+from tune.models._common import ModelSize, lora_size_builder, qlora_builder
 from tune.models.qwen3_moe._component_builders import lora_qwen3_moe, qwen3_moe
 from tune.modules import TransformerDecoder
 
@@ -40,28 +38,7 @@ def qwen3_moe_30b_a3b(use_grouped_mm: bool = False) -> TransformerDecoder:
     return qwen3_moe(**MODEL_SIZES["qwen3_moe_30b_a3b"].dims, use_grouped_mm=use_grouped_mm)
 
 
-def lora_qwen3_moe_30b_a3b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_experts: bool = False,
-    apply_lora_to_router: bool = False,
-    use_grouped_mm: bool = False,
-) -> TransformerDecoder:
-    """Qwen3-30B-A3B with fresh LoRA adapters (:func:`lora_qwen3_moe` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base, apply_lora_to_experts, apply_lora_to_router, use_grouped_mm: as in :func:`lora_qwen3_moe`.
-    """
-    return lora_qwen3_moe(**locals(), **MODEL_SIZES["qwen3_moe_30b_a3b"].dims)
-
-
+lora_qwen3_moe_30b_a3b = lora_size_builder(qwen3_moe_30b_a3b, lora_qwen3_moe, MODEL_SIZES)
 qlora_qwen3_moe_30b_a3b = qlora_builder(lora_qwen3_moe_30b_a3b)
 
 
@@ -75,26 +52,5 @@ def qwen3_moe_235b_a22b(use_grouped_mm: bool = False) -> TransformerDecoder:
     return qwen3_moe(**MODEL_SIZES["qwen3_moe_235b_a22b"].dims, use_grouped_mm=use_grouped_mm)
 
 
-def lora_qwen3_moe_235b_a22b(
-    lora_attn_modules: Sequence[str],
-    apply_lora_to_mlp: bool = False,
-    apply_lora_to_output: bool = False,
-    lora_rank: int = 8,
-    lora_alpha: float = 16.0,
-    lora_dropout: float = 0.0,
-    use_dora: bool = False,
-    quantize_base: bool = False,
-    apply_lora_to_experts: bool = False,
-    apply_lora_to_router: bool = False,
-    use_grouped_mm: bool = False,
-) -> TransformerDecoder:
-    """Qwen3-235B-A22B with fresh LoRA adapters (:func:`lora_qwen3_moe` at this size).
-
-    Args:
-        lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, lora_rank, lora_alpha, lora_dropout, use_dora,
-            quantize_base, apply_lora_to_experts, apply_lora_to_router, use_grouped_mm: as in :func:`lora_qwen3_moe`.
-    """
-    return lora_qwen3_moe(**locals(), **MODEL_SIZES["qwen3_moe_235b_a22b"].dims)
-
-
+lora_qwen3_moe_235b_a22b = lora_size_builder(qwen3_moe_235b_a22b, lora_qwen3_moe, MODEL_SIZES)
 qlora_qwen3_moe_235b_a22b = qlora_builder(lora_qwen3_moe_235b_a22b)
