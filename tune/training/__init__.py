@@ -55,6 +55,7 @@ from tune.training._model_converters import (
 from tune.training._model_util import disable_dropout
 from tune.training._moe import RouterAuxLoss
 from tune.training._parallel import (
+    ParallelDims,
     apply_tensor_parallel,
     data_parallel_rank_and_size,
     family_shard_conditions,
@@ -85,7 +86,6 @@ from tune.training._recipe_state import (
 from tune.training._sharded_state import (
     DCP_SUBDIR,
     PROGRESS_KEY,
-    ParallelDims,
     ShardedRecipeState,
     load_sharded_checkpoint,
     mean_over_ranks,

@@ -9,6 +9,7 @@ batch. Model code stays single-device: the family's plan (``tune.registry``) nam
 
 import fnmatch
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -245,3 +246,36 @@ def prepare_mha_for_tp(model: nn.Module, tp_mesh: Any) -> nn.Module:
         module.num_kv_heads //= tp_size
         module.embed_dim //= tp_size
     return model
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """How a distributed run is laid out over its processes.
+
+    Args:
+        world_size (int): the number of processes.
+        rank (int): this process's global rank.
+        mesh (Any): the ``(dp_shard, tp)`` device mesh (:func:`tune.training.init_device_mesh`).
+        dp_rank (int): this rank's index among the data-parallel shards (for the data sampler).
+        dp_size (int): the number of data-parallel shards.
+        tp_size (int): ranks per tensor-parallel group (they share one batch).
+        ep_mesh (Any): the ``(edp, ep)`` mesh of expert parallelism, or ``None`` without it.
+    """
+
+    world_size: int
+    rank: int
+    mesh: Any
+    dp_rank: int
+    dp_size: int
+    tp_size: int = 1
+    ep_mesh: Any = None
+
+    @property
+    def is_rank_zero(self) -> bool:
+        """Whether this process is the one that writes logs and gathered checkpoints."""
+        return self.rank == 0
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """Ranks per expert-parallel group (1 without expert parallelism)."""
+        return 1 if self.ep_mesh is None else self.ep_mesh.size(1)

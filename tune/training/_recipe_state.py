@@ -32,7 +32,7 @@ from tune.training.checkpointing import (
 from tune.utils import TuneError, get_logger, log_rank_zero
 
 if TYPE_CHECKING:
-    from tune.training._sharded_state import ParallelDims
+    from tune.training._parallel import ParallelDims
 
 log = get_logger(name="tune.training")
 

@@ -1,11 +1,10 @@
-"""The plumbing every sharded (FSDP2) recipe shares: the parallel layout of a run, its recipe state (sharded DCP
+"""The plumbing every sharded (FSDP2) recipe shares: its recipe state (sharded DCP
 checkpoints to resume from plus the gathered Hugging Face / PEFT output), and the reductions of logged metrics
 over ranks. The recipes keep their loops; what is saved, restored and summed is decided here once.
 """
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,39 +24,6 @@ log = get_logger(name="tune.training")
 PROGRESS_KEY = "progress"
 # the sharded checkpoints of a run go here, inside output_dir, apart from the gathered step_N/ outputs
 DCP_SUBDIR = "dcp"
-
-
-@dataclass(frozen=True)
-class ParallelDims:
-    """How a distributed run is laid out over its processes.
-
-    Args:
-        world_size (int): the number of processes.
-        rank (int): this process's global rank.
-        mesh (Any): the ``(dp_shard, tp)`` device mesh (:func:`tune.training.init_device_mesh`).
-        dp_rank (int): this rank's index among the data-parallel shards (for the data sampler).
-        dp_size (int): the number of data-parallel shards.
-        tp_size (int): ranks per tensor-parallel group (they share one batch).
-        ep_mesh (Any): the ``(edp, ep)`` mesh of expert parallelism, or ``None`` without it.
-    """
-
-    world_size: int
-    rank: int
-    mesh: Any
-    dp_rank: int
-    dp_size: int
-    tp_size: int = 1
-    ep_mesh: Any = None
-
-    @property
-    def is_rank_zero(self) -> bool:
-        """Whether this process is the one that writes logs and gathered checkpoints."""
-        return self.rank == 0
-
-    @property
-    def expert_parallel_size(self) -> int:
-        """Ranks per expert-parallel group (1 without expert parallelism)."""
-        return 1 if self.ep_mesh is None else self.ep_mesh.size(1)
 
 
 def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
