@@ -32,9 +32,8 @@ their layouts differ (special-token ids, the templates' details, tune's untraine
 no such setting (one process).
 
 Reported per run: samples/s = samples / seconds from the builder call until every pack has been read once
-(imports excluded, timed separately; the token hash below is computed in a second, untimed pass over the packs:
-until 2026-11-25 it was computed inside the timed loop, which added ~0.5 s to every run of either system); peak
-RSS of the process itself and, separately, of its largest child (tune's tokenising workers); the peak
+(imports excluded, timed separately; the token hash below is computed in a second, untimed pass over the packs);
+peak RSS of the process itself and, separately, of its largest child (tune's tokenising workers); the peak
 proportional set size (PSS) of the whole process tree, sampled every 100 ms by the driver (what the run costs the
 machine: pages a forked worker shares with its parent count once); and a SHA-256 over all packs' tokens, equal on
 both sides when tokenisation and packing agree token for token. A table is printed and JSON written to ``--out``.
@@ -232,7 +231,7 @@ def _worker(
     for i in range(len(ds)):  # read every pack once, as a data loader would: both sides then have done all the work
         ds[i]
     t2 = time.perf_counter()
-    digest = hashlib.sha256()  # the check that both sides agree, outside the timing (it costs ~20 us per pack)
+    digest = hashlib.sha256()  # the check that both sides agree, outside the timing
     num_tokens = 0
     for i in range(len(ds)):
         pack = ds[i]

@@ -2,7 +2,7 @@
 
 Command (from the repository root; the baseline is any earlier checkout, e.g. a git worktree):
 
-    git worktree add /tmp/tune_baseline bba9d28
+    git worktree add /tmp/tune_baseline REV
     .venv/bin/python benchmarks/bench_revisions.py --baseline /tmp/tune_baseline --reps 2 \\
         --rows lora_qv_small:unpacked,lora_qv_small:packed,full_medium:packed --steps-small 30 --steps-medium 12
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.recipes.dist_utils import run_distributed
-from tests.recipes.utils import ASSETS, build_tiny_assets, read_jsonl, run_recipe
+from tests.recipes.utils import ASSETS, build_tiny_assets, losses_by_step, run_recipe
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
@@ -34,10 +34,6 @@ def assets(tmp_path_factory) -> Path:
     return build_tiny_assets(root)
 
 
-def _losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r}
-
-
 def _run(assets: Path, out: Path, *extra: str, recipe: str = FULL, config: Path = FULL_CONFIG, env=None):
     overrides = [f"assets_dir={assets}", f"output_dir={out}", "device=cuda", "log_every_n_steps=1", *extra]
     return run_recipe(recipe, config, overrides, cwd=out.parent, timeout=300, env=env)
@@ -51,7 +47,7 @@ def _run_fsdp(assets: Path, out: Path, *extra: str):
 def test_bf16_training_tracks_fp32(assets, tmp_path):
     _run(assets, tmp_path / "fp32", "dtype=fp32")
     _run(assets, tmp_path / "bf16", "dtype=bf16")
-    fp32, bf16 = _losses(tmp_path / "fp32"), _losses(tmp_path / "bf16")
+    fp32, bf16 = losses_by_step(tmp_path / "fp32"), losses_by_step(tmp_path / "bf16")
     assert sorted(bf16) == sorted(fp32) == [1, 2, 3]
     for step in fp32:
         assert bf16[step] == pytest.approx(fp32[step], rel=step * BF16_REL, abs=0), step
@@ -71,7 +67,7 @@ def test_inductor_compile_matches_eager(assets, tmp_path):
     env_inductor = {"TORCH_COMPILE_BACKEND": "inductor"}  # the default; set in case the caller's env has another
     _run(assets, tmp_path / "eager", SGD)
     _run(assets, tmp_path / "inductor", SGD, "compile=True", env=env_inductor)
-    eager, compiled = _losses(tmp_path / "eager"), _losses(tmp_path / "inductor")
+    eager, compiled = losses_by_step(tmp_path / "eager"), losses_by_step(tmp_path / "inductor")
     assert sorted(compiled) == [1, 2, 3]
     # fp32 throughout; inductor fuses and reorders reductions: float32 rounding over a 320-way log-softmax and
     # a few SGD steps stays far below 1e-4
@@ -83,7 +79,7 @@ def test_activation_offloading_keeps_the_losses_in_the_recipe(assets, tmp_path):
     _run(assets, tmp_path / "plain")
     proc = _run(assets, tmp_path / "offload", "enable_activation_offloading=True")
     assert "is ignored" not in proc.stderr
-    plain, offload = _losses(tmp_path / "plain"), _losses(tmp_path / "offload")
+    plain, offload = losses_by_step(tmp_path / "plain"), losses_by_step(tmp_path / "offload")
     for step in plain:  # the same kernels on the same values: only where the saved tensors wait differs
         assert offload[step] == pytest.approx(plain[step], abs=1e-6, rel=0), step
 
@@ -125,7 +121,7 @@ def test_activation_offloading_keeps_gradients_and_lowers_peak_memory():
 def test_fsdp2_bf16_mixed_precision_tracks_fp32(assets, tmp_path):
     _run_fsdp(assets, tmp_path / "fp32")
     _run_fsdp(assets, tmp_path / "mixed", "fsdp_mixed_precision={param_dtype: bf16, reduce_dtype: fp32}")
-    fp32, mixed = _losses(tmp_path / "fp32"), _losses(tmp_path / "mixed")
+    fp32, mixed = losses_by_step(tmp_path / "fp32"), losses_by_step(tmp_path / "mixed")
     assert sorted(mixed) == sorted(fp32) == [1, 2, 3]
     # the forward and backward run on bf16 copies of fp32 master weights: each step's loss is within bf16's
     # precision of the fp32 run's (updates are applied in fp32, so the error does not compound as with dtype=bf16)
@@ -137,7 +133,7 @@ def test_fsdp2_bf16_mixed_precision_tracks_fp32(assets, tmp_path):
 def test_fsdp2_cpu_offload_keeps_the_losses(assets, tmp_path):
     _run_fsdp(assets, tmp_path / "resident")
     _run_fsdp(assets, tmp_path / "offload", "fsdp_cpu_offload=True")
-    resident, offload = _losses(tmp_path / "resident"), _losses(tmp_path / "offload")
+    resident, offload = losses_by_step(tmp_path / "resident"), losses_by_step(tmp_path / "offload")
     assert sorted(offload) == [1, 2, 3]
     # the optimizer steps on CPU in fp32 instead of on the GPU: float32 rounding only
     for step in resident:
@@ -150,7 +146,7 @@ def test_float8_training_stays_close_to_bf16(assets, tmp_path):
     converter = "model_converters=[{_component_: tune.training.Float8TrainingConverter}]"
     _run(assets, tmp_path / "bf16", "dtype=bf16")
     _run(assets, tmp_path / "float8", "dtype=bf16", converter)
-    bf16, float8 = _losses(tmp_path / "bf16"), _losses(tmp_path / "float8")
+    bf16, float8 = losses_by_step(tmp_path / "bf16"), losses_by_step(tmp_path / "float8")
     assert sorted(float8) == [1, 2, 3]
     # e4m3 keeps 4 significant bits (2^-4 relative per value, with per-tensor scales); the tiny model's dims
     # (64, 128, 256) are multiples of 16 as float8 matmuls need; the output projection stays in bf16 (the default)
@@ -163,7 +159,7 @@ def test_qlora_nf4_on_cuda_matches_cpu(assets, tmp_path):
     _run(assets, tmp_path / "cuda", SGD, "model.quantize_base=True", recipe=LORA, config=LORA_CONFIG)
     overrides = [f"assets_dir={assets}", f"output_dir={tmp_path / 'cpu'}", "log_every_n_steps=1", SGD]
     run_recipe(LORA, LORA_CONFIG, [*overrides, "model.quantize_base=True"], cwd=tmp_path, timeout=300)
-    on_cuda, on_cpu = _losses(tmp_path / "cuda"), _losses(tmp_path / "cpu")
+    on_cuda, on_cpu = losses_by_step(tmp_path / "cuda"), losses_by_step(tmp_path / "cpu")
     assert sorted(on_cuda) == [1, 2, 3]
     # NF4 quantisation is deterministic (nearest of 16 levels per value, absmax scales): both devices hold the
     # same base weights, and the fp32 computation around them differs by float32 rounding

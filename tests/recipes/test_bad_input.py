@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.recipes.dist_utils import run_distributed
-from tests.recipes.utils import ASSETS, read_jsonl, run_recipe
+from tests.recipes.utils import ASSETS, loss_records, read_jsonl, run_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -141,7 +141,7 @@ def test_disk_full_during_save_keeps_previous_checkpoint(failed_save, tiny_asset
     resumed = _run(FULL, tiny_assets, run, "save_every_n_steps=1", "resume_from_checkpoint=True", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert f"Resuming from {run / 'step_1'}" in resumed.stderr
-    assert [r["step"] for r in read_jsonl(run / "logs" / "log.jsonl") if "loss" in r][-2:] == [2, 3]
+    assert [r["step"] for r in loss_records(run)][-2:] == [2, 3]
     assert (run / "step_3" / ".complete").is_file()
 
 
@@ -227,7 +227,7 @@ def test_disk_full_on_one_rank_during_a_sharded_save(tiny_assets, tmp_path, monk
     monkeypatch.delenv("TUNE_TEST_DISK_FULL")
     resumed = run_distributed(DIST, CONFIGS[FULL], [*common, "resume_from_checkpoint=True"], cwd=tmp_path)
     assert f"Resumed from {out / 'dcp' / 'step_1'} after 1 optimizer steps" in resumed.stderr
-    assert [r["step"] for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r][-2:] == [2, 3]
+    assert [r["step"] for r in loss_records(out)][-2:] == [2, 3]
     assert (out / "step_3" / ".complete").is_file()
 
 

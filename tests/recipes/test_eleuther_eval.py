@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.recipes.utils import ASSETS, run_recipe
+from tests.recipes.utils import ASSETS, hf_greedy_tokens, run_recipe
 
 pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is not installed")
 pytestmark = pytest.mark.integration
@@ -97,17 +97,7 @@ def _expected_accuracy(model, tokenizer, docs) -> float:
 
 def _greedy_answer(model, tokenizer, question: str) -> str:
     prompt = tokenizer.encode(f"Question: {question}\nAnswer:", add_bos=True, add_eos=False)
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=MAX_GEN_TOKS,
-            do_sample=False,
-            eos_token_id=tokenizer.eos_id,
-            pad_token_id=tokenizer.pad_id,
-        )
-    new = out[0, len(prompt) :].tolist()
-    if tokenizer.eos_id in new:
-        new = new[: new.index(tokenizer.eos_id)]
+    new = hf_greedy_tokens(model, prompt, MAX_GEN_TOKS, tokenizer.eos_id, tokenizer.pad_id)
     return tokenizer.decode(new).split("\n")[0]
 
 

@@ -27,6 +27,8 @@ from tests.recipes.utils import (
     MAX_SEQ_LEN,
     ROOT,
     VOCAB_SIZE,
+    loss_records,
+    losses_by_step,
     pad_batch,
     read_jsonl,
     reference_run,
@@ -53,10 +55,6 @@ SCHEDULE = (
 
 def _overrides(assets: Path, out: Path, *extra: str) -> list[str]:
     return [f"assets_dir={assets}", f"output_dir={out}", *extra]
-
-
-def _losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r}
 
 
 def _schedule_lines(stderr: str) -> list[str]:
@@ -121,7 +119,7 @@ def test_qat_converter_trains_the_fake_quantised_model_and_it_quantises(tiny_ass
     plain_loss, _, _ = reference_run(tiny_assets, 1, 4, 0.0, 0.0, _HFStyle(initial), torch.optim.SGD)  # lr 0
     reference = _HFStyle(QATConverter(groupsize=32).convert(initial))
     ref_losses, _, _ = reference_run(tiny_assets, 2, 4, 0.05, WEIGHT_DECAY, reference, torch.optim.SGD)
-    losses = _losses(out)
+    losses = losses_by_step(out)
     print("QAT recipe losses", losses, "\nQAT reference    ", ref_losses, "\nwithout QAT      ", plain_loss)
     # the first step is the fake-quantised forward of the same weights: equal to 1e-5. The second comes after one
     # update, and int4 rounding turns the ~1e-7 relative difference between the recipe's gradient and the loop's
@@ -216,7 +214,7 @@ def test_gradual_unfreezing_trains_each_phase_only_after_its_transition_and_resu
         assert not changed(4, prefix), prefix  # in no phase: frozen throughout
 
     # "crash" after step 2, in phase 1: resuming restores the phase (and its start) and the run goes on identically
-    uninterrupted = _losses(out)
+    uninterrupted = losses_by_step(out)
     for name in ("step_3", "step_4", "logs"):
         shutil.rmtree(out / name)
     proc = run_recipe(
@@ -224,7 +222,7 @@ def test_gradual_unfreezing_trains_each_phase_only_after_its_transition_and_resu
     )
     assert "finetuning schedule: resumed in phase 1 of 3 (began at step 1, epoch 0)" in proc.stderr
     assert "phase 1 -> 2 at step 3" in proc.stderr
-    resumed = _losses(out)
+    resumed = losses_by_step(out)
     assert sorted(resumed) == [3, 4]
     for step in resumed:
         assert resumed[step] == pytest.approx(uninterrupted[step], abs=1e-6, rel=0), step
@@ -347,7 +345,7 @@ def test_imports_register_an_outside_family_that_the_unmodified_recipe_and_check
     ref_losses, ref_grad_norms, ref_model = reference_run(
         tiny_assets, 3, 4, LR, WEIGHT_DECAY, model=GPT2LMHeadModel.from_pretrained(user / "gpt2", dtype=torch.float32)
     )
-    records = [r for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
+    records = loss_records(out)
     assert [r["loss"] for r in records] == pytest.approx(ref_losses, abs=1e-5, rel=0)
     assert [r["grad_norm"] for r in records] == pytest.approx(ref_grad_norms, rel=1e-4)
 
@@ -421,7 +419,7 @@ def test_metrics_returned_by_a_copied_recipes_loss_step_are_logged_as_numbers(ti
     out = tmp_path / "run"
     extra = ["max_steps_per_epoch=4", "log_every_n_steps=2"]
     run_recipe(str(recipe), FULL_CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path)
-    records = [r for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
+    records = loss_records(out)
     assert [r["step"] for r in records] == [2, 4]
 
     # expected: the last micro-batch of each logging step (batch_size 4, no shuffle: samples 4-7 and 12-15),

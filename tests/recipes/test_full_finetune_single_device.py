@@ -13,7 +13,16 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from tests.recipes.utils import ASSETS, pad_batch, read_jsonl, reference_run, run_recipe, tiny_dataset
+from tests.recipes.utils import (
+    ASSETS,
+    loss_records,
+    losses_by_step,
+    pad_batch,
+    read_jsonl,
+    reference_run,
+    run_recipe,
+    tiny_dataset,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,14 +35,10 @@ def _overrides(assets: Path, out: Path, *extra: str) -> list[str]:
     return [f"assets_dir={assets}", f"output_dir={out}", *extra]
 
 
-def _train_log(out: Path) -> list[dict]:
-    return [r for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
-
-
 def test_first_losses_match_plain_pytorch_loop(tiny_assets, tmp_path):
     out = tmp_path / "run"
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out), cwd=tmp_path)
-    records = _train_log(out)
+    records = loss_records(out)
     ref_losses, ref_grad_norms, ref_model = reference_run(tiny_assets, 3, 4, lr=LR, weight_decay=WEIGHT_DECAY)
 
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -65,7 +70,7 @@ def test_gradient_accumulation_2x2_equals_1x4(tiny_assets, tmp_path):
         _overrides(tiny_assets, tmp_path / "b", *sgd, "batch_size=2", "gradient_accumulation_steps=2"),
         cwd=tmp_path,
     )
-    big, accumulated = _train_log(tmp_path / "a"), _train_log(tmp_path / "b")
+    big, accumulated = loss_records(tmp_path / "a"), loss_records(tmp_path / "b")
     assert len(big) == len(accumulated) == 3
     assert [r["loss"] for r in accumulated] == pytest.approx([r["loss"] for r in big], abs=1e-5, rel=0)
     assert [r["grad_norm"] for r in accumulated] == pytest.approx([r["grad_norm"] for r in big], rel=1e-5)
@@ -87,7 +92,7 @@ def test_resume_mid_epoch_reproduces_the_uninterrupted_run(tiny_assets, tmp_path
     ]
     out = tmp_path / "run"
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *common), cwd=tmp_path)
-    uninterrupted = {r["step"]: r["loss"] for r in _train_log(out)}
+    uninterrupted = losses_by_step(out)
     assert sorted(uninterrupted) == [1, 2, 3, 4, 5, 6]
     assert sorted(p.name for p in out.glob("step_*")) == ["step_2", "step_3", "step_4", "step_6"]
 
@@ -98,7 +103,7 @@ def test_resume_mid_epoch_reproduces_the_uninterrupted_run(tiny_assets, tmp_path
         RECIPE, CONFIG, _overrides(tiny_assets, out, *common, "resume_from_checkpoint=True"), cwd=tmp_path
     )
     assert ("seed: null: resuming with the run's seed" in proc.stderr) == (seed == "null")
-    resumed = {r["step"]: r["loss"] for r in _train_log(out)}
+    resumed = losses_by_step(out)
     assert sorted(resumed) == [3, 4, 5, 6]
     for step in resumed:  # exact: same data order, optimizer state, LR schedule and RNG
         assert resumed[step] == pytest.approx(uninterrupted[step], abs=1e-6, rel=0), step
@@ -117,7 +122,7 @@ def test_a_list_of_datasets_trains_on_their_concatenation(tiny_assets, tmp_path)
         out = tmp_path / name
         proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, "max_steps_per_epoch=2", *extra), cwd=tmp_path)
         found = re.search(r"Dataset (tune\.\S+(?: \+ tune\.\S+)*): (\d+) samples", proc.stderr)
-        runs[name] = (found.group(1), int(found.group(2)), [r["loss"] for r in _train_log(out)])
+        runs[name] = (found.group(1), int(found.group(2)), [r["loss"] for r in loss_records(out)])
     assert runs["listed"][0] == "tune.datasets.alpaca_dataset + tune.datasets.alpaca_dataset"
     assert runs["listed"][1] == 2 * runs["single"][1]
     assert runs["listed"][2] == pytest.approx(runs["single"][2], abs=1e-6, rel=0)
@@ -191,7 +196,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_assets, t
     # so nothing was written after step 2 and its checkpoint is the one kept
     assert sorted(p.name for p in out.glob("step_*")) == ["step_2"]
     assert (out / "step_2" / "recipe_state.pt").is_file()
-    assert [r["step"] for r in _train_log(out)] == [1, 2]
+    assert [r["step"] for r in loss_records(out)] == [1, 2]
 
 
 def test_non_finite_loss_between_logging_steps_stops_at_its_own_step(tiny_assets, tmp_path):
@@ -235,7 +240,7 @@ def test_every_metric_logger_writes_the_step_metrics(tiny_assets, tmp_path, logg
     files = list((out / "logs").rglob(expected_file))
     assert files, f"{logger} wrote nothing under {out / 'logs'}"
     if expected_file == "log.jsonl":
-        records = _train_log(out)
+        records = loss_records(out)
         assert [r["step"] for r in records] == [1, 2]
         assert {"loss", "lr", "tokens_per_second", "grad_norm", "peak_memory_rss"} <= set(records[-1])
     else:
@@ -267,7 +272,7 @@ def test_compile_checkpointing_optimizer_in_backward_collator_and_profiler_keep_
     env = {"TORCH_COMPILE_BACKEND": "aot_eager"}
     proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path, env=env)
     ref_losses, _, _ = reference_run(tiny_assets, 3, batch_size=4, lr=LR, weight_decay=WEIGHT_DECAY)
-    records = _train_log(out)
+    records = loss_records(out)
     assert [r["loss"] for r in records] == pytest.approx(ref_losses, abs=1e-5, rel=0)
     assert "grad_norm" not in records[0]  # with optimizer_in_bwd no full gradient ever exists
     assert "enable_activation_offloading=True is ignored" in proc.stderr
@@ -279,7 +284,7 @@ def test_activation_offloading_on_cpu_changes_nothing_and_says_why(tiny_assets, 
     for name, extra in [("plain", []), ("offload", ["enable_activation_offloading=True"])]:
         out = tmp_path / name
         proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path)
-        runs[name] = (proc.stderr, _train_log(out), load_file(out / "step_3" / "model.safetensors"))
+        runs[name] = (proc.stderr, loss_records(out), load_file(out / "step_3" / "model.safetensors"))
     stderr, records, weights = runs["offload"]
     assert (
         "enable_activation_offloading=True is ignored: enable_activation_offloading has no effect on CPU: "
@@ -303,7 +308,7 @@ def test_packed_bf16_user_optimizer_and_scheduler(tiny_assets, tmp_path):
     ]
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, "dtype=bf16", *extra), cwd=tmp_path)
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, tmp_path / "fp32", "dtype=fp32", *extra), cwd=tmp_path)
-    records, fp32 = _train_log(out), _train_log(tmp_path / "fp32")
+    records, fp32 = loss_records(out), loss_records(tmp_path / "fp32")
     assert [r["step"] for r in records] == [r["step"] for r in fp32] == [2, 4]
     # bf16 keeps 8 significant bits: each value it stores is off by up to 2^-8 relative. The first step's loss
     # carries about one such error (the forward in bf16); every update applied to the bf16 weights adds about one
@@ -327,7 +332,7 @@ def test_packed_padding_free_rows_train_as_padded_packs(tiny_assets, tmp_path):
     for name, extra in [("free", []), ("padded", ["collate_fn=tune.data.padded_collate_sft"])]:
         out = tmp_path / name
         proc = run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, "dataset.packed=True", *extra), cwd=tmp_path)
-        runs[name] = _train_log(out)
+        runs[name] = loss_records(out)
         assert ("collate_fn=tune.data.padding_free_collate puts each batch" in proc.stderr) == (name == "padded")
     assert len(runs["free"]) == 3
     for key in ("loss", "grad_norm"):

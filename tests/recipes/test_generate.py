@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.recipes.utils import ASSETS, MAX_SEQ_LEN, run_recipe
+from tests.recipes.utils import ASSETS, MAX_SEQ_LEN, hf_greedy_tokens, run_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -28,17 +28,7 @@ def _tokenizer(assets: Path):
 def _hf_greedy_text(model, assets: Path, messages: list) -> str:
     tokenizer = _tokenizer(assets)
     prompt, _ = tokenizer.tokenize_messages(messages, add_end_tokens=False)
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=MAX_NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=tokenizer.eos_id,
-            pad_token_id=tokenizer.pad_id,
-        )
-    new = out[0, len(prompt) :].tolist()
-    if tokenizer.eos_id in new:
-        new = new[: new.index(tokenizer.eos_id)]
+    new = hf_greedy_tokens(model, prompt, MAX_NEW_TOKENS, tokenizer.eos_id, tokenizer.pad_id)
     assert new, "the reference generated nothing; pick another prompt"
     return tokenizer.decode(new)
 

@@ -19,9 +19,9 @@ from tests.recipes.utils import (
     ASSETS,
     MAX_POSITIONS,
     VOCAB_SIZE,
+    loss_records,
     pad_batch,
     random_peft_adapter,
-    read_jsonl,
     run_recipe,
     tiny_dataset,
 )
@@ -73,16 +73,12 @@ def _overrides(assets: Path, teacher: Path, out: Path, *extra: str) -> list[str]
     return [f"assets_dir={assets}", f"teacher_dir={teacher}", f"output_dir={out}", *extra]
 
 
-def _train_log(out: Path) -> list[dict]:
-    return [r for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
-
-
 def test_kd_term_is_zero_at_step_1_when_the_teacher_equals_the_student(tiny_assets, tmp_path):
     # the student's LoRA starts at B = 0, so at step 1 it computes exactly the teacher's logits
     out = tmp_path / "run"
     overrides = _overrides(tiny_assets, tiny_assets / "llama", out, *SAME_AS_STUDENT, "max_steps_per_epoch=1")
     run_recipe(RECIPE, CONFIG, overrides, cwd=tmp_path)
-    (first,) = _train_log(out)
+    (first,) = loss_records(out)
     print(f"step 1: kd_loss {first['kd_loss']!r}, class_loss {first['class_loss']:.6f}, loss {first['loss']:.6f}")
     assert first["kd_loss"] == 0.0
     assert first["class_loss"] > 1.0
@@ -145,7 +141,7 @@ def _reference_loop(assets: Path, teacher_dir: Path, adapter: Path):
 
 
 def test_losses_equal_a_plain_pytorch_loop(kd_run, tiny_assets, teacher_dir):
-    records = _train_log(kd_run["out"])
+    records = loss_records(kd_run["out"])
     reference, ref_student = _reference_loop(tiny_assets, teacher_dir, kd_run["adapter"])
     worst = 0.0
     for key in ("loss", "class_loss", "kd_loss"):
@@ -176,8 +172,8 @@ def test_resume_equals_the_uninterrupted_run(kd_run, tiny_assets, teacher_dir):
     overrides = _overrides(tiny_assets, teacher_dir, resumed, *kd_run["extra"], "resume_from_checkpoint=True")
     run_recipe(RECIPE, CONFIG, overrides, cwd=root)
 
-    uninterrupted = {r["step"]: r for r in _train_log(out)}
-    after = _train_log(resumed)
+    uninterrupted = {r["step"]: r for r in loss_records(out)}
+    after = loss_records(resumed)
     assert [r["step"] for r in after] == list(range(2, NUM_STEPS + 1))
     for record in after:
         for key in ("loss", "class_loss", "kd_loss"):

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from tests.recipes.dist_utils import run_distributed
-from tests.recipes.utils import ASSETS, read_jsonl, run_recipe
+from tests.recipes.utils import ASSETS, loss_records, run_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_lora_converter_on_base_builder_trains_and_saves_peft_adapter(tiny_asset
     else:
         run_recipe(recipe, _config(tmp_path, quantize_base), overrides, cwd=tmp_path)
 
-    losses = [r["loss"] for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
+    losses = [r["loss"] for r in loss_records(out)]
     print("losses", losses)
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]

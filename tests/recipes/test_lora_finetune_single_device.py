@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.recipes.utils import ASSETS, pad_batch, read_jsonl, reference_run, run_recipe, tiny_dataset
+from tests.recipes.utils import ASSETS, loss_records, losses_by_step, pad_batch, reference_run, run_recipe, tiny_dataset
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +40,6 @@ def _overrides(assets: Path, out: Path, *extra: str) -> list[str]:
     return [f"assets_dir={assets}", f"output_dir={out}", *extra]
 
 
-def _train_log(out: Path) -> list[dict]:
-    return [r for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
-
-
 @pytest.mark.parametrize("use_dora", [False, True], ids=["lora", "dora"])
 def test_losses_and_adapter_match_peft_and_only_adapters_change(tiny_assets, tmp_path, use_dora):
     start = tmp_path / "initial_adapter"
@@ -52,7 +48,7 @@ def test_losses_and_adapter_match_peft_and_only_adapters_change(tiny_assets, tmp
     extra = [f"checkpointer.adapter_checkpoint={start}", f"model.use_dora={use_dora}"]
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *extra), cwd=tmp_path)
 
-    records = _train_log(out)
+    records = loss_records(out)
     ref_model = _peft_model(tiny_assets, use_dora)
     ref_losses, ref_grad_norms, ref_model = reference_run(tiny_assets, 3, 4, LR, WEIGHT_DECAY, model=ref_model)
     losses = [r["loss"] for r in records]
@@ -97,7 +93,7 @@ def _base_first_loss(assets: Path) -> float:
 def test_qlora_runs_and_saves_a_dequantised_merged_model(tiny_assets, tmp_path):
     out = tmp_path / "run"
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, "model.quantize_base=True"), cwd=tmp_path)
-    losses = [r["loss"] for r in _train_log(out)]
+    losses = [r["loss"] for r in loss_records(out)]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     # LoRA's B starts at 0, so step 1 is the NF4-quantised base model: close to, not equal to, the fp32 loss
     base_loss = _base_first_loss(tiny_assets)
@@ -142,7 +138,7 @@ def test_resume_with_adapter_only_saves(tiny_assets, tmp_path):
     common = ["max_steps_per_epoch=4", "save_every_n_steps=2", "save_adapter_weights_only=True", "shuffle=True"]
     out = tmp_path / "run"
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *common), cwd=tmp_path)
-    uninterrupted = {r["step"]: r["loss"] for r in _train_log(out)}
+    uninterrupted = losses_by_step(out)
     assert sorted(p.name for p in out.glob("step_*")) == ["step_2", "step_4"]
     assert not list(out.rglob("model.safetensors"))  # adapter only
     assert (out / "step_2" / "adapter" / "adapter_model.safetensors").is_file()
@@ -150,7 +146,7 @@ def test_resume_with_adapter_only_saves(tiny_assets, tmp_path):
     for name in ("step_4", "logs"):
         shutil.rmtree(out / name)
     run_recipe(RECIPE, CONFIG, _overrides(tiny_assets, out, *common, "resume_from_checkpoint=True"), cwd=tmp_path)
-    resumed = {r["step"]: r["loss"] for r in _train_log(out)}
+    resumed = losses_by_step(out)
     assert sorted(resumed) == [3, 4]
     for step in resumed:
         assert resumed[step] == pytest.approx(uninterrupted[step], abs=1e-6, rel=0), step

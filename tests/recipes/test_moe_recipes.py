@@ -15,7 +15,7 @@ import yaml
 
 from tests.recipes import _family_assets as assets
 from tests.recipes.dist_utils import max_difference, run_distributed, train_log
-from tests.recipes.utils import read_jsonl, run_recipe
+from tests.recipes.utils import loss_records, run_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -96,10 +96,6 @@ def write_config(
     return path
 
 
-def _train_log(out: Path) -> list[dict]:
-    return [r for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
-
-
 def _reference_run(data: Path, num_steps: int, batch_size: int) -> tuple[list[float], list[float]]:
     """transformers' Qwen3-MoE trained by plain AdamW on the recipe's batches, its own loss (cross-entropy mean
     plus ``COEF * aux_loss``) backpropagated; returns the losses and the aux losses."""
@@ -141,7 +137,7 @@ def test_full_recipe_with_router_loss_matches_transformers_loop(moe_assets, tmp_
     out = tmp_path / "run"
     config = write_config(tmp_path, moe_assets, out, router_aux_loss_coef=COEF)
     run_recipe("full_finetune_single_device", config, [], cwd=tmp_path, timeout=300)
-    records = _train_log(out)
+    records = loss_records(out)
     ref_losses, ref_aux = _reference_run(moe_assets, STEPS, batch_size=2)
 
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
@@ -159,7 +155,7 @@ def test_router_loss_is_logged_but_not_trained_on_at_coefficient_zero(moe_assets
     # the default (0): the metric is logged, and the loss is the plain cross-entropy of transformers' model
     out = tmp_path / "run"
     run_recipe("lora_finetune_single_device", write_config(tmp_path, moe_assets, out, "lora"), [], cwd=tmp_path)
-    records = _train_log(out)
+    records = loss_records(out)
     assert all(r["router_aux_loss"] > 0 for r in records)
 
     from transformers import Qwen3MoeForCausalLM

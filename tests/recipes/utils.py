@@ -169,9 +169,34 @@ def random_peft_adapter(assets: Path, out: Path, use_dora: bool = False, model_d
     return out
 
 
+def hf_greedy_tokens(model, prompt: list[int], max_new_tokens: int, eos_id: int, pad_id: int) -> list[int]:
+    """The tokens a transformers model adds to ``prompt`` by greedy ``generate``, up to (not including) EOS: the
+    reference the generation and evaluation recipes are compared with."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
+        )
+    new = out[0, len(prompt) :].tolist()
+    return new[: new.index(eos_id)] if eos_id in new else new
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Parses a JSON-lines metric log."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def loss_records(out: Path) -> list[dict]:
+    """The training records (those with a loss) of the metric log a run wrote under ``out``, in step order."""
+    return [r for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r]
+
+
+def losses_by_step(out: Path) -> dict[int, float]:
+    """Step -> training loss, from the metric log a run wrote under ``out``."""
+    return {r["step"]: r["loss"] for r in loss_records(out)}
 
 
 def tiny_dataset(

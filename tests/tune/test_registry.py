@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import tune.models
+from tests._helpers import BUILT_IN_FAMILIES
 from tune import plugins, registry
 from tune.registry import (
     ModelFamily,
@@ -25,25 +26,6 @@ from tune.registry import (
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD_PLUGIN = REPO / "tests" / "assets" / "plugins" / "good"
-FAMILIES = [
-    "code_llama2",
-    "gemma",
-    "gemma2",
-    "gemma3",
-    "llama2",
-    "llama3",
-    "llama3_1",
-    "llama3_2",
-    "llama3_3",
-    "llama4",
-    "mistral",
-    "phi3",
-    "phi4",
-    "qwen2",
-    "qwen2_5",
-    "qwen3",
-    "qwen3_moe",
-]
 
 PROBE = """
 import json, sys
@@ -100,17 +82,17 @@ def test_lookup_by_a_family_name_imports_that_family_only():
         from tune.registry import get_model_family
         assert get_model_family("PHI3_MINI").name == "phi3"
     """
-    assert _loaded_after(code)["families"] == FAMILIES
+    assert _loaded_after(code)["families"] == BUILT_IN_FAMILIES
 
 
 def test_models_package_lists_its_families_and_rejects_other_names():
-    assert set(FAMILIES) | {"from_hf", "to_hf_state_dict"} == set(tune.models.__all__)
-    assert sorted(list_model_families()) == FAMILIES
+    assert set(BUILT_IN_FAMILIES) | {"from_hf", "to_hf_state_dict"} == set(tune.models.__all__)
+    assert sorted(list_model_families()) == BUILT_IN_FAMILIES
     with pytest.raises(AttributeError, match="has no attribute 'llama9'"):
         tune.models.llama9  # noqa: B018
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", BUILT_IN_FAMILIES)
 def test_each_family_declares_itself_with_builders_it_exports(name):
     package = getattr(tune.models, name)
     family = package.FAMILY
@@ -125,7 +107,7 @@ def test_each_family_declares_itself_with_builders_it_exports(name):
 def test_builders_leave_out_what_a_family_imports():
     # llama3_3's sizes are built with llama3_1's component builder, which stays llama3_1's
     assert set(get_model_family("llama3_3").builders) == {"llama3_3_70b", "lora_llama3_3_70b", "qlora_llama3_3_70b"}
-    for family in FAMILIES:
+    for family in BUILT_IN_FAMILIES:
         assert not {"build_decoder", "lora_spec"} & set(get_model_family(family).builders)  # tune.models._common
 
 
@@ -151,7 +133,7 @@ def test_a_broken_family_warns_naming_itself_and_the_others_keep_working(empty_r
         families = list_model_families()
         assert family_for_hf_model_type("qwen3").name == "qwen3"
         list_model_families()
-    assert sorted(families) == [f for f in FAMILIES if f != "gemma2"]
+    assert sorted(families) == [f for f in BUILT_IN_FAMILIES if f != "gemma2"]
     messages = [str(w.message) for w in caught]
     assert messages == [
         "tune model family 'gemma2' (tune.models.gemma2) failed to load and is ignored: ModuleNotFoundError: "
@@ -196,7 +178,7 @@ def test_a_new_subpackage_is_a_family_without_being_listed_anywhere(empty_regist
         assert caught == []  # a lookup by name imports that family only
         families = list_model_families()
         assert get_model_family("TOY").name == "toyfam"
-    assert set(families) == {*FAMILIES, "toyfam"}
+    assert set(families) == {*BUILT_IN_FAMILIES, "toyfam"}
     messages = sorted(str(w.message) for w in caught)
     assert messages == [
         "tune model family 'crashfam' (tune.models.crashfam) failed to load and is ignored: "
@@ -235,7 +217,7 @@ def test_plugin_family_is_found_after_the_built_in_ones(empty_registry, monkeypa
             family = get_model_family("DEMO_FAMILY")
             listed = list_model_families()
         assert family.name == "demo_family" and set(family.builders) == {"demo_tiny"}
-        assert listed["demo_family"] is family and set(FAMILIES) < set(listed)
+        assert listed["demo_family"] is family and set(BUILT_IN_FAMILIES) < set(listed)
     finally:
         plugins._reset_for_tests()
         for name in [m for m in sys.modules if m.startswith("tune_demo_plugin")]:

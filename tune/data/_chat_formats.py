@@ -19,7 +19,7 @@ Which segments are trained follows from ``Message.masked`` (set by a masking str
 rule: every token, BOS and EOS included, carries its message's flag.
 
 Every format reproduces the chat template of a named Hugging Face repository; the parity tests
-(tests/tune/models/test_tokenizers_<family>.py) check token equality against ``apply_chat_template``.
+(tests/tune/models/test_family_tokenizers.py) check token equality against ``apply_chat_template``.
 """
 
 import functools

@@ -120,10 +120,10 @@ def _has_date_like_text(value: Any) -> bool:
 
 
 def _load_local_json(data_files: Any, split: str, cache_dir: str | None):
-    """Loads local JSON / JSON Lines files of objects the way ``load_dataset("json", ...)`` does, five times faster.
+    """Loads local JSON / JSON Lines files of objects the way ``load_dataset("json", ...)`` does, only faster.
 
     ``datasets``' JSON builder turns a JSON array into JSON Lines text and parses that again, and prepares a
-    builder and its cache directory: half a second for 50,000 Alpaca rows, more than the tokenising after it. Here
+    builder and its cache directory, which for Alpaca-sized files costs more than the tokenising after it. Here
     the files are parsed once with ``json`` into a table (columns: every key of any row, in first-seen order;
     missing keys are null) and written once into the datasets cache as an Arrow file named by a hash of the files'
     bytes, which ``Dataset.from_file`` maps; what follows (fingerprints, the cached tokenisation next to it) works

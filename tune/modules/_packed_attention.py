@@ -8,10 +8,9 @@ so ``MultiHeadAttention`` can replace its one masked SDPA call by one ``is_causa
 ``MultiHeadAttention`` always takes the masked call.
 
 Why it is faster. With a dense mask, SDPA on CPU computes all ``s x s`` scores of a row and then discards the ones
-the mask removes; per document it computes ``sum(len_i ** 2)`` of them. Full fine-tuning of the benchmark's medium
-model on packed 512-token rows: attention fell from 980 to 430 ms per 2 steps (commit a17c648). Splitting with
-views and ``squeeze`` instead of indexing lets backward reshape each document's gradient instead of scattering it
-into a zero tensor (commit d0dc593, about 5 ms per medium packed step).
+the mask removes; per document it computes ``sum(len_i ** 2)`` of them. Splitting with views and ``squeeze``
+instead of indexing lets backward reshape each document's gradient instead of scattering it into a zero tensor.
+The measured gains are in benchmarks/README.md ("Where the time goes").
 
 When it applies (``MultiHeadAttention._packed_document_spans`` checks, with :func:`is_candidate_mask` and
 :func:`document_spans`):
@@ -145,7 +144,7 @@ def attend_documents(
             scale=scale,
             enable_gqa=enable_gqa,
         )
-        .squeeze(0)  # rather than [0]: squeeze's backward is a view, not a copy into zeros (commit d0dc593)
+        .squeeze(0)  # rather than [0]: squeeze's backward is a view, not a copy into zeros
         .transpose(0, 1)  # [doc_len, heads, head_dim]
         for q_doc, k_doc, v_doc in per_document
     ]

@@ -69,9 +69,9 @@ def _cpu_memory() -> tuple[int, int]:
 # 32 MiB) as fresh pages from the kernel and unmaps it on free, and returns free memory at the top of the heap to the
 # kernel once it exceeds the trim threshold. A training step on CPU allocates and frees tens to hundreds of MB of
 # activations every step, in sizes that change from step to step, so both rules keep giving pages back that the next
-# step faults in and has the kernel zero again: ~30k page faults per step for a 64M-parameter Llama, ~4% of its
-# step time. With both thresholds fixed high, such blocks stay in the heap and the next step reuses them. Peak memory
-# is the same: what is kept is what the previous step used.
+# step faults in and has the kernel zero again (benchmarks/README.md has the page faults measured). With both
+# thresholds fixed high, such blocks stay in the heap and the next step reuses them. Peak memory is the same: what is
+# kept is what the previous step used.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
 _MMAP_THRESHOLD = 32 * 1024**2  # the largest value glibc accepts on 64-bit
 _TRIM_THRESHOLD = 2**31 - 1

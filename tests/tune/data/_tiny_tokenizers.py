@@ -69,6 +69,12 @@ def sentencepiece_model(dummy_prefix: bool = True, gemma: bool = False, mistral_
     return _sentencepiece_model(bool(dummy_prefix), bool(gemma), bool(mistral_v0_3))
 
 
+def gemma_sentencepiece_model() -> Path:
+    """Gemma's kind of SentencePiece model (no dummy prefix, ``<start_of_turn>``/``<end_of_turn>`` as pieces,
+    pad 0 / eos 1 / bos 2); returns the directory holding ``tokenizer.model``."""
+    return sentencepiece_model(dummy_prefix=False, gemma=True)
+
+
 @functools.cache
 def _sentencepiece_model(dummy_prefix: bool, gemma: bool, mistral_v0_3: bool = False) -> Path:
     import sentencepiece as spm

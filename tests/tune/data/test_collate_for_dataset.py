@@ -4,8 +4,8 @@ samples of the dataset (packs get the block-causal mask whatever the config's `p
 import pytest
 import torch
 from torch.utils.data import ConcatDataset as TorchConcatDataset
-from torch.utils.data import Dataset
 
+from tests._helpers import ListDataset, three_documents
 from tune.data import (
     PackedDataset,
     collate_for_dataset,
@@ -19,28 +19,9 @@ from tune.datasets import ConcatDataset
 IGNORE = -100
 
 
-class ListDataset(Dataset):
-    def __init__(self, samples):
-        self.samples = samples
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
-        return self.samples[i]
-
-
-def _docs() -> list[dict]:
-    return [
-        {"tokens": [1, 10, 11], "labels": [-100, 10, 11]},
-        {"tokens": [1, 20, 21, 22], "labels": [1, 20, -100, 22]},
-        {"tokens": [1, 30], "labels": [1, 30]},
-    ]
-
-
 def _packed(max_seq_len: int = 8) -> PackedDataset:
     # packs of 8: [doc0 (3) + doc1 (4) + 1 padding] and [doc2 (2) + 6 padding] (tests/tune/data/test_packing.py)
-    return PackedDataset(ListDataset(_docs()), max_seq_len=max_seq_len)
+    return PackedDataset(ListDataset(three_documents()), max_seq_len=max_seq_len)
 
 
 def _block_causal(seq_lens: list[int]) -> torch.Tensor:
@@ -55,7 +36,7 @@ def _block_causal(seq_lens: list[int]) -> torch.Tensor:
 
 def test_a_packed_dataset_is_packed_and_a_plain_one_is_not():
     assert is_packed(_packed()) is True
-    assert is_packed(ListDataset(_docs())) is False
+    assert is_packed(ListDataset(three_documents())) is False
     assert is_packed([]) is False
 
 
@@ -77,12 +58,12 @@ def test_tune_concatenations_nest():
 
 
 def test_concatenations_of_unpacked_datasets_are_not_packed():
-    assert is_packed(ConcatDataset([ListDataset(_docs()), ListDataset(_docs())])) is False
-    assert is_packed(TorchConcatDataset([ListDataset(_docs()), ListDataset(_docs())])) is False
+    assert is_packed(ConcatDataset([ListDataset(three_documents()), ListDataset(three_documents())])) is False
+    assert is_packed(TorchConcatDataset([ListDataset(three_documents()), ListDataset(three_documents())])) is False
 
 
 def test_a_torch_concatenation_mixing_packed_and_unpacked_datasets_raises():
-    mixed = TorchConcatDataset([_packed(), ListDataset(_docs())])
+    mixed = TorchConcatDataset([_packed(), ListDataset(three_documents())])
     with pytest.raises(ValueError, match=r"mixes packed and unpacked datasets \(packed: \[True, False\]\)"):
         is_packed(mixed)
 
@@ -94,8 +75,8 @@ def test_an_object_with_packed_true_is_packed_and_odd_datasets_attributes_are_no
     class Named(ListDataset):
         datasets = "alpaca"  # a string is a sequence, not a list of parts
 
-    assert is_packed(Flagged(_docs())) is True
-    assert is_packed(Named(_docs())) is False
+    assert is_packed(Flagged(three_documents())) is True
+    assert is_packed(Named(three_documents())) is False
 
 
 # ------------------------------------------------------------------------------------- collate_for_dataset
@@ -123,8 +104,8 @@ def test_a_concatenation_of_packed_datasets_is_collated_as_packs(concat):
 
 
 def test_padded_collate_sft_on_an_unpacked_dataset_pads_with_the_given_ids():
-    collate = collate_for_dataset(padded_collate_sft, ListDataset(_docs()), padding_idx=7, ignore_idx=-5)
-    batch = collate(_docs()[:2])
+    collate = collate_for_dataset(padded_collate_sft, ListDataset(three_documents()), padding_idx=7, ignore_idx=-5)
+    batch = collate(three_documents()[:2])
     assert sorted(batch) == ["labels", "tokens"]
     assert batch["tokens"].tolist() == [[1, 10, 11, 7], [1, 20, 21, 22]]
     assert batch["labels"].tolist() == [[-100, 10, 11, -5], [1, 20, -100, 22]]
@@ -132,26 +113,26 @@ def test_padded_collate_sft_on_an_unpacked_dataset_pads_with_the_given_ids():
 
 def test_padded_collate_packed_on_an_unpacked_dataset_raises():
     with pytest.raises(ValueError, match=r"padded_collate_packed needs a packed dataset \(packed: True\)"):
-        collate_for_dataset(padded_collate_packed, ListDataset(_docs()))
+        collate_for_dataset(padded_collate_packed, ListDataset(three_documents()))
     assert collate_for_dataset(padded_collate_packed, _packed()) is padded_collate_packed  # nothing to bind
 
 
 def test_a_mixed_dataset_raises_for_any_collator():
-    mixed = TorchConcatDataset([_packed(), ListDataset(_docs())])
+    mixed = TorchConcatDataset([_packed(), ListDataset(three_documents())])
     with pytest.raises(ValueError, match="mixes packed and unpacked"):
         collate_for_dataset(padding_free_collate, mixed)
 
 
 def test_padding_free_collate_gets_ignore_idx_and_max_seq_len():
     collate = collate_for_dataset(
-        padding_free_collate, ListDataset(_docs()), padding_idx=7, ignore_idx=-5, max_seq_len=7
+        padding_free_collate, ListDataset(three_documents()), padding_idx=7, ignore_idx=-5, max_seq_len=7
     )
     # 3 + 4 tokens fit in one row of 7; every sample's first label becomes ignore_idx
-    row = collate(_docs()[:2])
+    row = collate(three_documents()[:2])
     assert row["tokens"].tolist() == [[1, 10, 11, 1, 20, 21, 22]]
     assert row["labels"].tolist() == [[-5, 10, 11, -5, 20, -100, 22]]
     # 3 + 4 + 2 tokens do not: the padded fallback, padded with padding_idx and ignore_idx
-    padded = collate(_docs())
+    padded = collate(three_documents())
     assert padded["tokens"].tolist() == [[1, 10, 11, 7], [1, 20, 21, 22], [1, 30, 7, 7]]
     assert padded["labels"][2].tolist() == [1, 30, -5, -5]
 
@@ -175,7 +156,7 @@ def test_only_the_arguments_a_function_takes_are_bound():
     def with_ids(batch, *, padding_idx, ignore_idx):
         return padding_idx, ignore_idx
 
-    dataset = ListDataset(_docs())
+    dataset = ListDataset(three_documents())
     assert collate_for_dataset(plain, dataset, padding_idx=3) is plain
     assert collate_for_dataset(with_max_seq_len, dataset, padding_idx=3, max_seq_len=64)([]) == 64
     assert collate_for_dataset(with_ids, dataset, padding_idx=3, ignore_idx=-1, max_seq_len=64)([]) == (3, -1)

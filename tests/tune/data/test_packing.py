@@ -3,8 +3,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
 
+from tests._helpers import ListDataset, three_documents
 from tune.data import FlatSequences, PackedDataset, flatten_dataset, pack_lengths, padded_collate_packed
 
 
@@ -60,28 +60,9 @@ class TestPackLengths:
         assert elapsed < 10, elapsed
 
 
-class ListDataset(Dataset):
-    def __init__(self, samples):
-        self.samples = samples
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
-        return self.samples[i]
-
-
-def _docs() -> list[dict]:
-    return [
-        {"tokens": [1, 10, 11], "labels": [-100, 10, 11]},
-        {"tokens": [1, 20, 21, 22], "labels": [1, 20, -100, 22]},
-        {"tokens": [1, 30], "labels": [1, 30]},
-    ]
-
-
 class TestPackedDataset:
     def test_items_are_exact(self):
-        ds = PackedDataset(ListDataset(_docs()), max_seq_len=8, padding_idx=0)
+        ds = PackedDataset(ListDataset(three_documents()), max_seq_len=8, padding_idx=0)
         assert len(ds) == 2  # 3+4 = 7 fit in 8; the third (2) does not
         first, second = ds[0], ds[1]
         assert first["tokens"].tolist() == [1, 10, 11, 1, 20, 21, 22, 0]
@@ -94,7 +75,7 @@ class TestPackedDataset:
         assert second["seq_lens"].tolist() == [2, 6]
 
     def test_split_across_pack_items_are_exact(self):
-        ds = PackedDataset(ListDataset(_docs()), max_seq_len=4, split_across_pack=True)
+        ds = PackedDataset(ListDataset(three_documents()), max_seq_len=4, split_across_pack=True)
         # 9 tokens: [doc0 (3) + doc1[:1]] [doc1[1:4]] + doc2[:1]] [doc2[1:] + padding]
         assert [ds[i]["tokens"].tolist() for i in range(3)] == [[1, 10, 11, 1], [20, 21, 22, 1], [30, 0, 0, 0]]
         assert [ds[i]["seq_lens"].tolist() for i in range(3)] == [[3, 1], [3, 1], [1, 3]]
@@ -107,17 +88,17 @@ class TestPackedDataset:
         ]
 
     def test_full_pack_has_no_padding_segment(self):
-        ds = PackedDataset(ListDataset(_docs()[:2]), max_seq_len=7)
+        ds = PackedDataset(ListDataset(three_documents()[:2]), max_seq_len=7)
         assert ds[0]["seq_lens"].tolist() == [3, 4]
 
     def test_collate_masks_documents_apart(self):
-        ds = PackedDataset(ListDataset(_docs()), max_seq_len=8)
+        ds = PackedDataset(ListDataset(three_documents()), max_seq_len=8)
         batch = padded_collate_packed([ds[0], ds[1]])
         mask = batch["mask"][0]
         assert mask[4, 3] and mask[4, 4] and not mask[4, 2] and not mask[3, 4]  # doc 2 sees itself only, causally
 
     def test_flat_store_is_compact(self):
-        ds = PackedDataset(ListDataset(_docs()), max_seq_len=8)
+        ds = PackedDataset(ListDataset(three_documents()), max_seq_len=8)
         # two int32 arrays of the 9 tokens + offsets; nothing of size max_seq_len**2
         assert ds._flat.tokens.nbytes == 9 * 4 and ds._flat.labels.dtype == np.int32
 
@@ -135,8 +116,8 @@ class TestPackedDataset:
             assert np.array_equal(getattr(one, name), getattr(two, name))
 
     def test_flat_sequences_concatenate(self):
-        a = FlatSequences.from_samples(_docs()[:1])
-        b = FlatSequences.from_samples(_docs()[1:])
+        a = FlatSequences.from_samples(three_documents()[:1])
+        b = FlatSequences.from_samples(three_documents()[1:])
         both = FlatSequences.concatenate([a, b])
         assert both.offsets.tolist() == [0, 3, 7, 9] and both.tokens.tolist()[3:7] == [1, 20, 21, 22]
 

@@ -1,5 +1,5 @@
-"""Text tokenizers (SentencePiece, tiktoken, tokenizer.json) and truncation; chat parity lives in
-tests/tune/models/test_tokenizers_<family>.py."""
+"""Text tokenizers (SentencePiece, tiktoken, tokenizer.json) and truncation; every family's chat parity lives in
+tests/tune/models/test_family_tokenizers.py."""
 
 import json
 import os

@@ -241,6 +241,20 @@ CASES = {
 }
 
 
+def decoder_dims(config) -> dict:
+    """The component-builder arguments (``vocab_size``, ``num_layers``, ...) of a transformers decoder config."""
+    return dict(
+        vocab_size=config.vocab_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        embed_dim=config.hidden_size,
+        intermediate_dim=config.intermediate_size,
+        max_seq_len=config.max_position_embeddings,
+        norm_eps=config.rms_norm_eps,
+    )
+
+
 def build_hf_model(config, seed: int = 0):
     """A transformers causal LM with weights large enough that every feature changes the logits."""
     from transformers import AutoModelForCausalLM

@@ -5,7 +5,7 @@ position the model's pooled logits."""
 import pytest
 import torch
 
-from tests.tune.models._hf_cases import build_hf_model, llama2_config, mistral_config
+from tests.tune.models._hf_cases import build_hf_model, decoder_dims, llama2_config, mistral_config
 from tune.models.llama2 import llama2_classifier, llama2_reward_7b, llama_hf_to_tune, lora_llama2_classifier
 from tune.models.mistral import mistral_classifier, mistral_hf_to_tune, mistral_reward_7b
 from tune.modules.peft import LoRALinear
@@ -26,17 +26,7 @@ def _hf_classifier(config):
 
 
 def _dims(config) -> dict:
-    return dict(
-        num_classes=NUM_CLASSES,
-        vocab_size=config.vocab_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        embed_dim=config.hidden_size,
-        intermediate_dim=config.intermediate_size,
-        max_seq_len=config.max_position_embeddings,
-        norm_eps=config.rms_norm_eps,
-    )
+    return dict(num_classes=NUM_CLASSES, **decoder_dims(config))
 
 
 @pytest.mark.parametrize("family", ["llama2", "mistral"])

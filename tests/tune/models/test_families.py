@@ -3,34 +3,15 @@
 import pytest
 import torch
 
+from tests._helpers import BUILT_IN_FAMILIES
 from tune.models._hf import hf_sliding_windows
 from tune.registry import family_for_hf_model_type, get_model_family, list_model_families
-
-FAMILIES = [
-    "code_llama2",
-    "gemma",
-    "gemma2",
-    "gemma3",
-    "llama2",
-    "llama3",
-    "llama3_1",
-    "llama3_2",
-    "llama3_3",
-    "llama4",
-    "mistral",
-    "phi3",
-    "phi4",
-    "qwen2",
-    "qwen2_5",
-    "qwen3",
-    "qwen3_moe",
-]
 
 
 def test_all_families_registered_with_converters():
     families = list_model_families()
-    assert set(FAMILIES) <= set(families)
-    for name in FAMILIES:
+    assert set(BUILT_IN_FAMILIES) <= set(families)
+    for name in BUILT_IN_FAMILIES:
         family = families[name]
         assert family.hf_to_tune is not None and family.tune_to_hf is not None
         assert family.hf_model_types

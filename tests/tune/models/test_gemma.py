@@ -9,13 +9,13 @@ from tests.recipes import _family_assets as assets
 from tests.tune.data._tiny_tokenizers import (
     as_dicts,
     conversation,
+    gemma_sentencepiece_model,
     hf_ids,
     random_conversations,
-    sentencepiece_model,
     trained_runs,
 )
+from tests.tune.models._chat_templates import GEMMA2_TEMPLATE
 from tests.tune.models._hf_cases import gemma_config
-from tests.tune.models.test_tokenizers_gemma2 import GEMMA2_TEMPLATE
 from tests.tune.training.checkpointing.test_torchtune_layout import (  # noqa: F401 - the fixtures
     _checkpointer,
     _tune_model,
@@ -40,19 +40,14 @@ GEMMA_TEMPLATE = (
 )
 
 
-def _model_dir():
-    # Gemma's SentencePiece model: no dummy prefix, <start_of_turn>/<end_of_turn> as pieces, pad 0 / eos 1 / bos 2
-    return sentencepiece_model(dummy_prefix=False, gemma=True)
-
-
 @pytest.fixture(scope="module")
 def ours():
-    return gemma_tokenizer(str(_model_dir() / "tokenizer.model"))
+    return gemma_tokenizer(str(gemma_sentencepiece_model() / "tokenizer.model"))
 
 
 @pytest.fixture(scope="module")
 def reference():
-    return transformers.GemmaTokenizer.from_pretrained(str(_model_dir()), chat_template=GEMMA_TEMPLATE)
+    return transformers.GemmaTokenizer.from_pretrained(str(gemma_sentencepiece_model()), chat_template=GEMMA_TEMPLATE)
 
 
 def test_gemma_template_is_gemma2s_so_one_tokenizer_serves_both(ours):
@@ -61,7 +56,9 @@ def test_gemma_template_is_gemma2s_so_one_tokenizer_serves_both(ours):
     from tune.models.gemma2 import gemma_tokenizer as gemma2_gemma_tokenizer
 
     assert Gemma2Tokenizer is GemmaTokenizer and isinstance(ours, GemmaTokenizer)
-    other = gemma2_gemma_tokenizer(str(_model_dir() / "tokenizer.model"))  # the name Gemma 2's package keeps
+    other = gemma2_gemma_tokenizer(
+        str(gemma_sentencepiece_model() / "tokenizer.model")
+    )  # the name Gemma 2's package keeps
     assert other.tokenize_messages(conversation(system=False)) == ours.tokenize_messages(conversation(system=False))
 
 

@@ -21,7 +21,7 @@ from tests.tune.data._tiny_tokenizers import (
     torchtune_no_template_reference,
     trained_runs,
 )
-from tests.tune.models.test_tokenizers_mistral import MISTRAL_TEMPLATE
+from tests.tune.models._chat_templates import MISTRAL_TEMPLATE
 from tune.data import Message, MistralChatFormat, PlainChatFormat, mask_messages
 from tune.models.mistral import MistralV3ChatFormat, mistral_nemo_tokenizer, mistral_tokenizer
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.tune.data._tiny_tokenizers import as_dicts, conversation, hf_ids, qwen_tokenizer_json
-from tests.tune.models._hf_cases import build_hf_model, padded_batch, qwen2_config
+from tests.tune.models._hf_cases import build_hf_model, decoder_dims, padded_batch, qwen2_config
 from tune.data import mask_messages
 from tune.models.qwen2 import Qwen2Tokenizer, qwen2, qwen2_hf_to_tune, qwen2_tokenizer, qwen2_tune_to_hf
 from tune.modules import get_causal_mask_from_padding_mask
@@ -38,14 +38,7 @@ def test_converters_with_torchtune_arguments_load_transformers_weights():
     config = qwen2_config()  # tied embeddings
     hf = build_hf_model(config)
     model = qwen2(
-        vocab_size=config.vocab_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        embed_dim=config.hidden_size,
-        intermediate_dim=config.intermediate_size,
-        max_seq_len=config.max_position_embeddings,
-        norm_eps=config.rms_norm_eps,
+        **decoder_dims(config),
         rope_base=1_000_000.0,
         tie_word_embeddings=True,
     )

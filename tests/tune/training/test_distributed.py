@@ -1,13 +1,13 @@
 """FSDP2 helpers on CPU with gloo and 2 processes, against the same training run in one process."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from tests._helpers import free_port
 from tune.models.llama3 import llama3
 from tune.modules import RotaryPositionalEmbeddings, TransformerSelfAttentionLayer
 from tune.modules.loss import LinearCrossEntropyLoss, shift_labels
@@ -206,12 +206,6 @@ def _decoder_loss_sharded(full_state_dict, rank):
     return _decoder_loss(model, tokens[rows], labels[rows])
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_fsdp2_two_ranks_match_one_process(tmp_path):
     """One 2-rank run checks: loss/grad-norm/weights vs one process, meta init, partial load, QLoRA NF4 shards."""
     torch.manual_seed(0)
@@ -226,7 +220,7 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
     decoder = _decoder()
     decoder_state_dict = {k: v.clone() for k, v in decoder.state_dict().items()}
     want_decoder_loss = _decoder_loss(decoder, *_data())
-    mp.spawn(_worker, args=(_free_port(), full_state_dict, decoder_state_dict, str(result_path)), nprocs=WORLD)
+    mp.spawn(_worker, args=(free_port(), full_state_dict, decoder_state_dict, str(result_path)), nprocs=WORLD)
     got = torch.load(result_path, weights_only=True)
 
     weight_error = max((got["state"][k] - v).abs().max().item() for k, v in reference.state_dict().items())

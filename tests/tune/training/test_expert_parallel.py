@@ -2,12 +2,12 @@
 training run in one process: a tiny Qwen3-MoE (4 experts, 2 per token), full and with LoRA on the experts."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests._helpers import free_port
 from tune.models.qwen3_moe import lora_qwen3_moe, qwen3_moe
 from tune.modules.loss import LinearCrossEntropyLoss, shift_labels
 from tune.modules.moe import SwiGLUExperts
@@ -75,12 +75,6 @@ def _train(model, tokens, labels):
         optimizer.zero_grad(set_to_none=True)
         losses.append((all_reduce_sum(loss.detach()) / torch.distributed.get_world_size()).item())
     return losses, norms
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _worker(rank, port, start_states, result_path):
@@ -152,7 +146,7 @@ def test_expert_parallel_two_ranks_match_one_process(tmp_path, monkeypatch):
     for lora in (False, True):
         starts[lora], references[lora] = _reference(lora)
     result_path = tmp_path / "result.pt"
-    mp.spawn(_worker, args=(_free_port(), starts, str(result_path)), nprocs=WORLD)
+    mp.spawn(_worker, args=(free_port(), starts, str(result_path)), nprocs=WORLD)
     results = torch.load(result_path, weights_only=True)
     assert results["uneven"] == [
         {"local_experts": 2, "gathered_equal": True},

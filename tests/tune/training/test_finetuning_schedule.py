@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests._helpers import free_port
 from tune.models.llama3_2 import llama3_2, lora_llama3_2
 from tune.modules.peft import get_adapter_params, set_trainable_params
 from tune.training import FinetuningSchedule, auto_finetuning_phases, get_cosine_schedule_with_warmup
@@ -287,8 +288,6 @@ def _fixed_step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torc
 
 @pytest.mark.integration
 def test_fsdp2_sharded_run_matches_one_process(tmp_path):
-    import socket
-
     import torch.multiprocessing as mp
 
     tokens = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(0))
@@ -300,10 +299,7 @@ def test_fsdp2_sharded_run_matches_one_process(tmp_path):
     for step in range(1, 6):
         _fixed_step(model, optimizer, tokens)
         schedule.step(step, epoch=0)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_fsdp_worker, args=(port, tokens, str(tmp_path / "rank0.pt")), nprocs=2)
+    mp.spawn(_fsdp_worker, args=(free_port(), tokens, str(tmp_path / "rank0.pt")), nprocs=2)
     got = torch.load(tmp_path / "rank0.pt", weights_only=True)
     assert got["kinds"] == ["DTensor"] and got["groups"] == 3
     for name, value in model.named_parameters():

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from tests.recipes import _family_assets as assets
 from tests.recipes.test_moe_recipes import write_config
-from tests.recipes.utils import read_jsonl, run_recipe
+from tests.recipes.utils import losses_by_step, run_recipe
 from tune.modules.peft import LoRASwiGLUExperts, merge_lora_experts, merge_lora_experts_state_dict
 from tune.training.checkpointing._formats import EXPERT_ADAPTER_FILE, adapter_to_peft, merge_adapter
 
@@ -100,7 +100,7 @@ def test_expert_lora_saves_merges_into_hf_and_resumes_exactly(moe_assets, tmp_pa
     out = tmp_path / "run"
     config = write_config(tmp_path, moe_assets, out, "lora", EXPERT_LORA, **settings)
     run_recipe("lora_finetune_single_device", config, [], cwd=tmp_path, timeout=300)
-    uninterrupted = {r["step"]: r["loss"] for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r}
+    uninterrupted = losses_by_step(out)
     assert sorted(uninterrupted) == [1, 2, 3, 4]
     final = out / "step_4"
 
@@ -132,7 +132,7 @@ def test_expert_lora_saves_merges_into_hf_and_resumes_exactly(moe_assets, tmp_pa
     shutil.rmtree(final)
     shutil.rmtree(out / "logs")
     run_recipe("lora_finetune_single_device", config, ["resume_from_checkpoint=True"], cwd=tmp_path, timeout=300)
-    resumed = {r["step"]: r["loss"] for r in read_jsonl(out / "logs" / "log.jsonl") if "loss" in r}
+    resumed = losses_by_step(out)
     assert sorted(resumed) == [3, 4]
     for step in resumed:
         assert resumed[step] == pytest.approx(uninterrupted[step], abs=1e-6, rel=0), step

@@ -1,7 +1,7 @@
 """tiktoken as the encoder of byte-level BPE ``tokenizer.json`` files (Qwen, Llama 3's tokenizer.json).
 
 ``tokenizers`` spends most of a chat sample's time outside the BPE itself (normalizer, Oniguruma regex, ``Encoding``
-objects with offsets): on Alpaca-sized texts it is about six times slower than tiktoken. A byte-level BPE whose
+objects with offsets): on Alpaca-sized texts it is several times slower than tiktoken. A byte-level BPE whose
 pre-tokenizer is one regex split followed by the byte-to-unicode mapping, and whose merges produce tokens in id
 order, is the same tokenizer as a tiktoken encoding with ``rank = id``: both split the text with the regex, map
 it to bytes and merge the adjacent pair that makes the lowest-ranked token until none is left. (A merge list

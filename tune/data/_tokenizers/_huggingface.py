@@ -204,9 +204,8 @@ class HuggingFaceBaseTokenizer:
 
     def __getstate__(self) -> dict:
         # Pickled (for datasets' worker processes) and hashed (for their cache keys) as the tokenizer.json text:
-        # the two copies are rebuilt from it (each pickles as its own JSON, which with a 150k vocabulary took 0.3 s
-        # to pickle and 1.4 s to unpickle). Caches are rebuilt where they are used: the state must not depend on
-        # them.
+        # the two copies are rebuilt from it (each pickles as its own JSON, slow to pickle and to unpickle with a
+        # 150k vocabulary). Caches are rebuilt where they are used: the state must not depend on them.
         state = {k: v for k, v in self.__dict__.items() if k not in ("_chat", "_text", "_engine")}
         state["_known_specials"] = set()
         return state

@@ -124,9 +124,9 @@ class TikTokenBaseTokenizer:
 
     def __getstate__(self) -> dict:
         # Pickled (for datasets' worker processes) and hashed (for their cache keys) as the ranks packed into three
-        # flat buffers: the tiktoken encoding itself pickles as dicts of Python objects, which with Llama 3's 128k
-        # ranks took 0.4 s to pickle and 1.3 s to hash. The short-text cache is a speed-up, not part of the
-        # tokenizer: left out. The encoding is rebuilt from the ranks on unpickling.
+        # flat buffers: the tiktoken encoding itself pickles as dicts of Python objects, slow to pickle and to hash
+        # with Llama 3's 128k ranks. The short-text cache is a speed-up, not part of the tokenizer: left out. The
+        # encoding is rebuilt from the ranks on unpickling.
         packed = self.__dict__.get("_packed_ranks")
         if packed is None:
             tokens = list(self._ranks)
@@ -171,8 +171,8 @@ class TikTokenBaseTokenizer:
 
     def _encode_pieces(self, texts: list[str]) -> list[list[int]]:
         # one call per text: tiktoken's encode_ordinary_batch submits each text to a thread pool, which costs
-        # several times the encoding itself for chat-sized texts (measured 4x slower on 2 CPUs). Short texts (a
-        # chat header's role name, every turn) are looked up in a small cache instead.
+        # several times the encoding itself for chat-sized texts. Short texts (a chat header's role name, every
+        # turn) are looked up in a small cache instead.
         encode, short = self._encoding.encode_ordinary, self._short_texts
         if len(short) > _MAX_SHORT_TEXTS:
             short.clear()

@@ -203,8 +203,7 @@ class LinearCrossEntropyLoss(nn.Module):
             sync, and not elsewhere. The loss value is the same either way.
         min_chunk_mib (float): the smallest chunk, in MiB of fp32 logits (``rows x vocab x 4`` bytes), for a plain
             projection weight. Below a few hundred rows the vocab matmul runs well under the machine's matmul rate
-            (a 64M-parameter Llama with an 8,000-token vocabulary on 2 CPU cores: a step of 1,720 tokens in 8 chunks
-            takes 446 ms in the loss, in 2 chunks 353 ms). Default 32.
+            (measured in benchmarks/README.md, "Where the time goes"). Default 32.
 
     Raises:
         ValueError: for a non-positive ``num_output_chunks`` or an unknown ``reduction``.

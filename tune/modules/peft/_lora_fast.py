@@ -5,17 +5,16 @@ It agrees with the formula as ``LoRALinear.forward`` writes it up to float32 rou
 order), outputs and gradients alike; ``tests/tune/modules/peft/test_lora_fast.py`` compares the two. Setting
 ``use_fast_path = False`` on a layer runs the written formula instead.
 
-Why it is faster (measured on CPU, where the benchmarks run; the products are the same on any device):
+Why it is faster (the timings are in benchmarks/README.md, "Figures behind the code"):
 
-- Forward (commit a17c648): the scaling multiplies the ``[n, rank]`` adapter activations rather than an
-  ``[n, out_dim]`` tensor, and ``B``'s product accumulates into the base output with one in-place ``addmm_``: no
-  ``[n, out_dim]`` temporaries for the update, its scaling or the sum.
-- Backward, frozen base (``_FrozenBaseLoRAFunction``, commit 7086921): autograd's backward of that forward
-  computes ``B``'s gradient as ``grad^T @ update``, a product over a transposed ``[out_dim, n]`` view that MKL runs
-  at a tenth of its rate (2048 x 1720 x 8: 8 ms, against 0.8 ms for ``(update^T @ grad)^T``, the order used
-  here). It also returns the input gradients of the base and the adapter as two ``[n, in_dim]`` tensors that are
-  then summed; here, without dropout (both paths read the same input), the adapter's accumulates into the base's
-  with one ``addmm_``. LoRA on every linear layer of the benchmark's medium model: 2.44 -> 2.18 s per packed step.
+- Forward: the scaling multiplies the ``[n, rank]`` adapter activations rather than an ``[n, out_dim]`` tensor,
+  and ``B``'s product accumulates into the base output with one in-place ``addmm_``: no ``[n, out_dim]``
+  temporaries for the update, its scaling or the sum.
+- Backward, frozen base (``_FrozenBaseLoRAFunction``): autograd's backward of that forward computes ``B``'s
+  gradient as ``grad^T @ update``, a product over a transposed ``[out_dim, n]`` view that MKL runs far below its
+  rate, where ``(update^T @ grad)^T``, the order used here, runs at full rate. It also returns the input gradients
+  of the base and the adapter as two ``[n, in_dim]`` tensors that are then summed; here, without dropout (both
+  paths read the same input), the adapter's accumulates into the base's with one ``addmm_``.
 
 The functions take tensors (the input, the adapter's dropped input, the weights, the scaling), never the layer:
 ``LoRALinear.forward`` flattens its input, applies its dropout and calls :func:`lora_linear`.
@@ -108,7 +107,7 @@ class _FrozenBaseLoRAFunction(torch.autograd.Function):
     def forward(ctx, x, dropped, weight, bias, lora_a, lora_b, scaling):
         # x, dropped: [n, in_dim]; weight: [out_dim, in_dim]; lora_a: [rank, in_dim]; lora_b: [out_dim, rank].
         # dropped is the adapter's input after dropout, None without dropout: the same tensor passed twice would
-        # stop torch.compile from tracing this function (commit 5cf0e1a).
+        # stop torch.compile from tracing this function.
         ctx.same_input = dropped is None
         dropped = x if dropped is None else dropped
         out = F.linear(x, weight, bias)  # [n, out_dim]

@@ -6,13 +6,13 @@ The expected quantisations are torchao's ``to_nf4`` called directly with the blo
 
 import math
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from tests._helpers import free_port
 from tune.modules.peft import (
     LoRALinear,
     NF4ShardingError,
@@ -235,12 +235,6 @@ def _worker(rank: int, port: int, checkpoint: dict, result_path: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_tiny_qlora_model_shards_on_two_ranks_and_matches_one_process(tmp_path):
     """Tiny-dimension QLoRA (NF4 q/k/v/output, MLP and output layers) under FSDP2 on 2 gloo ranks: forward, loss
     and adapter gradients equal the unsharded model's; gathered weights are its dequantised NF4 weights; a
@@ -251,7 +245,7 @@ def test_tiny_qlora_model_shards_on_two_ranks_and_matches_one_process(tmp_path):
     want_logits, want_loss = _forward_backward(reference)
 
     result_path = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(_free_port(), checkpoint, str(result_path)), nprocs=WORLD)
+    mp.spawn(_worker, args=(free_port(), checkpoint, str(result_path)), nprocs=WORLD)
     got = torch.load(result_path, weights_only=True)
 
     print(f"2 ranks vs 1 process: |loss diff| {abs(got['loss'] - want_loss).item():.1e}")

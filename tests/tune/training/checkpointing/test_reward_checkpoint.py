@@ -5,7 +5,7 @@ equal transformers' within 1e-5), and the saved model loads back in transformers
 import pytest
 import torch
 
-from tests.tune.models._hf_cases import _llama, build_hf_model, llama2_config, mistral_config
+from tests.tune.models._hf_cases import _llama, build_hf_model, decoder_dims, llama2_config, mistral_config
 from tune.models.llama2 import llama2_classifier
 from tune.models.llama3_2 import llama3_2_classifier
 from tune.models.mistral import mistral_classifier
@@ -30,17 +30,7 @@ def _save_hf_reward_model(config, directory):
 
 
 def _classifier(config, family):
-    dims = dict(
-        num_classes=1,
-        vocab_size=config.vocab_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        embed_dim=config.hidden_size,
-        intermediate_dim=config.intermediate_size,
-        max_seq_len=config.max_position_embeddings,
-        norm_eps=config.rms_norm_eps,
-    )
+    dims = dict(num_classes=1, **decoder_dims(config))
     if family == "mistral":
         return mistral_classifier(**dims, sliding_window=config.sliding_window)
     if family == "llama3_2":

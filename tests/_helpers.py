@@ -1,0 +1,56 @@
+"""Helpers shared by tests in different folders (tests/tune and tests/recipes)."""
+
+import socket
+
+import torch
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago: the rendezvous port of a test's own ``mp.spawn`` ranks."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# The built-in model families (tune/models/<family>), sorted: what the registry must find without a plugin.
+BUILT_IN_FAMILIES = [
+    "code_llama2",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "llama2",
+    "llama3",
+    "llama3_1",
+    "llama3_2",
+    "llama3_3",
+    "llama4",
+    "mistral",
+    "phi3",
+    "phi4",
+    "qwen2",
+    "qwen2_5",
+    "qwen3",
+    "qwen3_moe",
+]
+
+
+class ListDataset(torch.utils.data.Dataset):
+    """A map-style dataset over a list of samples."""
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        return self.samples[i]
+
+
+def three_documents() -> list[dict]:
+    """Three tokenized samples of lengths 3, 4 and 2 with some labels ignored: the packing and collate inputs."""
+    return [
+        {"tokens": [1, 10, 11], "labels": [-100, 10, 11]},
+        {"tokens": [1, 20, 21, 22], "labels": [1, 20, -100, 22]},
+        {"tokens": [1, 30], "labels": [1, 30]},
+    ]
