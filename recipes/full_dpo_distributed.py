@@ -126,7 +126,7 @@ class FullDPORecipeDistributed:
 
         The checkpointer of the config reads the starting model and writes the gathered outputs; the training
         state of a resumed run comes from the sharded checkpoints in ``output_dir/dcp``
-        (:meth:`_restore_recipe_state`).
+        (``training.ShardedRecipeState``).
 
         Args:
             cfg_checkpointer (DictConfig): the ``checkpointer`` section.
@@ -232,20 +232,15 @@ class FullDPORecipeDistributed:
         self._profiler = training.DummyProfiler()
         if cfg.profiler is not None:
             self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
-        self._recipe_state = training.ShardedRecipeState(  # what a save writes and a resume restores
+        self._recipe_state = config.sharded_recipe_state(  # what a save writes and a resume restores
+            cfg,
             self._model,
             self._optimizer,
             checkpointer=self._checkpointer,
-            output_dir=self._output_dir,
             sampler=self._sampler,
             seed=self._seed,
-            epochs=self._epochs,
             steps_per_epoch=self._steps_per_epoch,
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
             lr_scheduler=self._lr_scheduler,
-            keep_last_n_checkpoints=self._keep_last_n_checkpoints,
-            resume_from_checkpoint=self._resume,
         )
         if self._resume:
             self.epochs_run, self.global_step, self._seed = self._recipe_state.restore(cfg.seed, log)

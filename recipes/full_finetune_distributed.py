@@ -170,21 +170,16 @@ class FullFinetuneRecipeDistributed:
         self._profiler = training.DummyProfiler()
         if cfg.profiler is not None:
             self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
-        self._recipe_state = training.ShardedRecipeState(  # what a save writes and a resume restores
+        self._recipe_state = config.sharded_recipe_state(  # what a save writes and a resume restores
+            cfg,
             self._model,
             self._optimizer,
             checkpointer=self._checkpointer,
-            output_dir=self._output_dir,
             sampler=self._sampler,
             seed=self._seed,
-            epochs=self._epochs,
             steps_per_epoch=self._steps_per_epoch,
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
             lr_scheduler=self._lr_scheduler,
             finetuning_schedule=self._finetuning_schedule,
-            keep_last_n_checkpoints=self._keep_last_n_checkpoints,
-            resume_from_checkpoint=self._resume,
         )
         if self._resume:
             self.epochs_run, self.global_step, self._seed = self._recipe_state.restore(cfg.seed, log)

@@ -23,24 +23,18 @@ the loop, ``generate_trajectory`` samples and scores a batch, ``grpo_step`` opti
 
 import sys
 from collections import defaultdict
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, ListConfig
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from tune import config, generation, rlhf, training, utils
 from tune.modules import TransformerSelfAttentionLayer
 from tune.modules.peft import (
     disable_adapter,
-    get_adapter_config,
-    get_adapter_params,
-    get_adapter_state_dict,
-    get_merged_lora_ckpt,
-    initialize_dora_magnitudes,
-    set_trainable_params,
-    validate_lora_state_dict_load,
 )
 from tune.training.checkpointing import StatefulDistributedSampler
 
@@ -48,11 +42,16 @@ RECIPE_INFO = {
     "supports_distributed": False,
     "configs": ["*/*_lora_grpo_single_device", "*/*_qlora_grpo_single_device"],
     # the optional keys this recipe reads: filled in from tune.config.OPTIONAL_KEYS where a config leaves them out
-    "optional_keys": ["finetune", "lora"],
+    "optional_keys": ["finetune", "lora", "grpo"],
 }
 
-# settings of the "finetune" table this recipe does not support, with the reason (reported with the other problems)
+# settings this recipe does not support, with the reason (reported with the other problems): off, or for a
+# KeepDefault, the default of the key's table
 UNSUPPORTED = {
+    "gradient_accumulation_steps": config.KeepDefault(
+        "a GRPO step optimises its whole batch of completions, in micro-batches of forward_batch_size; lower "
+        "forward_batch_size to save memory"
+    ),
     "optimizer_in_bwd": "every PPO pass over a batch takes one optimizer step after its micro-batches",
     "compile": "generation changes the sequence shapes at every step",
     "dataset_val": "there is no held-out loss in RL; evaluate the saved checkpoint with the generate or eval recipes",
@@ -61,26 +60,8 @@ UNSUPPORTED = {
     "model_converters": "build the model with a lora_* builder instead",
     "finetuning_schedule": "gradual unfreezing is offered by the SFT recipes only",
 }
-GENERATION_RNG_KEY = "generation_rng"  # the sampling generator's state in recipe_state.pt
 
 log = utils.get_logger(name="tune.recipes.grpo_lora_finetune_single_device")
-
-
-class Trajectory(NamedTuple):
-    """A batch of sampled completions, scored: everything the optimisation passes need."""
-
-    sequences: torch.Tensor  # [n, p + t] left-padded prompt, then the completion
-    positions: torch.Tensor  # [n, p + t] position ids (0 at each row's first real token)
-    attention: torch.Tensor  # [n, p + t, p + t] bool causal mask without the padding
-    completions: torch.Tensor  # [n, t]
-    mask: torch.Tensor  # [n, t] bool: the completion's tokens (up to and including the first stop token)
-    advantages: torch.Tensor  # [n]
-    ref_logprobs: torch.Tensor | None  # [n, t], when the loss has a KL term
-
-
-def _rows(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The data loader's collate: the rows as they are (prompts are padded once the completions are sampled)."""
-    return batch
 
 
 class GRPOLoRAFinetuneRecipeSingleDevice:
@@ -89,8 +70,9 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
 
     Supports any optimizer and LR scheduler by ``_component_``, gradient clipping, activation checkpointing and
     offloading, fp32/bf16, several reward functions, a KL penalty to the adapter-free model, step and epoch
-    checkpoints with exact resume (the sampling generator's state included), metric loggers, a progress bar and
-    the profiler.
+    checkpoints with exact resume (each completion is sampled from its own generator, seeded by the run's seed, the
+    epoch, the prompt's dataset index and the completion's number: ``tune.rlhf.completion_generators``), metric
+    loggers, a progress bar and the profiler.
 
     Args:
         cfg (DictConfig): the recipe config (see ``configs/*/*_lora_grpo_single_device.yaml``).
@@ -100,8 +82,8 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
-        config.check_training_config(cfg, unsupported=UNSUPPORTED)  # every problem at once, before anything is built
-        self._check_grpo_config(cfg)
+        # every problem at once, before anything is built (the "grpo" table checks the group size and rewards)
+        config.check_training_config(cfg, unsupported=UNSUPPORTED, tables=RECIPE_INFO["optional_keys"])
         self._device = utils.get_device(cfg.device)
         self._dtype = utils.get_dtype(cfg.dtype, device=self._device)
         if self._device.type == "cpu" and training.configure_cpu_allocator():
@@ -123,38 +105,10 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
         self._max_generated_tokens = cfg.max_generated_tokens
         self._temperature = cfg.temperature
         self._top_k = cfg.top_k
-        self._configured_seed = cfg.seed
         self._seed = training.set_seed(cfg.seed)
-        # sampling draws from its own generator, saved with the checkpoint: a resumed run samples what the
-        # uninterrupted run would
-        self._rng = torch.Generator(device=self._device).manual_seed(self._seed)
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # GRPO steps taken (each makes ppo_epochs optimizer steps)
         self._loss_check = training.FiniteLossCheck(self._device)
-
-    @staticmethod
-    def _check_grpo_config(cfg: DictConfig) -> None:
-        problems = []
-        for key, low in (
-            ("grpo_samples", 2),
-            ("ppo_epochs", 1),
-            ("forward_batch_size", 1),
-            ("max_generated_tokens", 1),
-        ):
-            value = cfg.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                problems.append(config.ConfigProblem(key, f"must be an integer >= {low}", value))
-        if cfg.get("gradient_accumulation_steps") != 1:
-            problems.append(
-                config.ConfigProblem(
-                    "gradient_accumulation_steps",
-                    "must be 1: a GRPO step optimises its whole batch of completions, in micro-batches of "
-                    "forward_batch_size; lower forward_batch_size to save memory",
-                    cfg.get("gradient_accumulation_steps"),
-                )
-            )
-        if problems:
-            raise config.ConfigError(problems)
 
     # ------------------------------------------------------------------------------------------------ checkpoint
 
@@ -166,12 +120,11 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
 
         Returns:
             dict[str, Any]: the model state under ``training.MODEL_KEY``; when resuming also the adapter, optimizer,
-            LR scheduler, progress, data-loader position and RNG states (the sampling generator's included).
+            LR scheduler, progress, data-loader position and RNG states.
         """
-        extra = {"resume_from_checkpoint": self._resume}
-        if self._keep_last_n_checkpoints is not None:
-            extra["keep_last_n_checkpoints"] = self._keep_last_n_checkpoints
-        self._checkpointer = config.instantiate(cfg_checkpointer, **extra)
+        self._checkpointer = config.instantiate_checkpointer(
+            cfg_checkpointer, resume_from_checkpoint=self._resume, keep_last_n_checkpoints=self._keep_last_n_checkpoints
+        )
         return self._checkpointer.load_checkpoint()
 
     def save_checkpoint(self, epoch: int) -> None:
@@ -182,54 +135,7 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
         Args:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
-        intermediate = self.global_step < self._total_steps
-        model_state = self._model.state_dict()
-        state = {
-            training.ADAPTER_KEY: get_adapter_state_dict(model_state),
-            training.ADAPTER_CONFIG: self._adapter_config,
-        }
-        if not self._save_adapter_weights_only:
-            # the merged model has the base architecture: it loads without any LoRA code
-            state[training.MODEL_KEY] = get_merged_lora_ckpt(
-                model_state, rank=self._adapter_config["r"], alpha=self._adapter_config["lora_alpha"]
-            )
-        if intermediate:
-            state[training.OPT_KEY] = self._optimizer.state_dict()
-            state[GENERATION_RNG_KEY] = self._rng.get_state()
-            state.update(
-                training.progress_state(
-                    seed=self._seed,
-                    epochs_run=self.epochs_run,
-                    total_epochs=self._epochs,
-                    max_steps_per_epoch=self._max_steps_per_epoch,
-                    global_step=self.global_step,
-                    steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
-                    samples_per_step=self._batch_size,
-                    sampler=self._sampler,
-                    lr_scheduler=self._lr_scheduler,
-                )
-            )
-        self._checkpointer.save_checkpoint(
-            state,
-            epoch=self.epochs_run,
-            step=self.global_step,
-            intermediate_checkpoint=intermediate,
-            adapter_only=self._save_adapter_weights_only,
-            config=self._cfg,
-        )
-
-    def _restore_recipe_state(self, ckpt: dict[str, Any]) -> None:
-        self.epochs_run, self.global_step, self._seed = training.restore_progress(
-            ckpt,
-            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            sampler=self._sampler,
-            load_optimizer=lambda: self._optimizer.load_state_dict(ckpt[training.OPT_KEY]),
-            lr_scheduler=self._lr_scheduler,
-            logger=log,
-        )
-        self._rng.set_state(ckpt[GENERATION_RNG_KEY])
-        log.info("Resumed after %d GRPO steps (%d epochs complete).", self.global_step, self.epochs_run)
+        self._recipe_state.save(epoch=epoch, epochs_run=self.epochs_run, global_step=self.global_step, config=self._cfg)
 
     # ---------------------------------------------------------------------------------------------------- setup
 
@@ -248,7 +154,7 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._stop_tokens = list(self._tokenizer.stop_tokens)
         self._optimizer = config.instantiate(cfg.optimizer, self._trainable_params())
-        self._reward_functions, self._reward_weights = self._setup_rewards(cfg.reward_functions, cfg.reward_weights)
+        self._rewards = self._setup_rewards(cfg.reward_functions, cfg.reward_weights)
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size)
         with config.errors_at("batch_size", cfg.batch_size):
@@ -261,8 +167,19 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
         self._profiler = training.DummyProfiler()
         if cfg.profiler is not None:
             self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
+        self._recipe_state = config.recipe_state(  # what a save writes and a resume restores
+            cfg,
+            self._model,
+            self._optimizer,
+            checkpointer=self._checkpointer,
+            sampler=self._sampler,
+            seed=self._seed,
+            steps_per_epoch=self._steps_per_epoch,
+            lr_scheduler=self._lr_scheduler,
+            adapter_config=self._adapter_config,
+        )
         if self._resume:
-            self._restore_recipe_state(ckpt)
+            self.epochs_run, self.global_step, self._seed = self._recipe_state.restore(ckpt, cfg.seed, log)
         config.save_config(cfg, self._output_dir)
 
     def _setup_model(
@@ -270,24 +187,13 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
     ) -> nn.Module:
         with training.set_default_dtype(self._dtype), self._device:
             model = config.instantiate(cfg_model)
-        missing, unexpected = model.load_state_dict(base_state_dict, strict=False)
-        validate_lora_state_dict_load(model, missing, unexpected, loaded="base")
-        initialize_dora_magnitudes(model)  # DoRA's magnitude starts as the norm of the LOADED base weight
-        adapter_params = get_adapter_params(model)
-        if not adapter_params:
-            raise config.ConfigError(
-                config.ConfigProblem(
-                    "model._component_",
-                    "builds a model without LoRA/DoRA layers: nothing for this recipe to train. Use a lora_*/qlora_* "
-                    "builder, or grpo_full_finetune_single_device",
-                    cfg_model._component_,
-                )
+        training.load_lora_state_dicts(model, base_state_dict)  # then DoRA magnitudes from the loaded weights
+        with config.errors_at("model._component_", cfg_model._component_):  # only the adapters learn
+            adapter_params, self._adapter_config = training.prepare_lora_model(
+                model, full_recipe="grpo_full_finetune_single_device", model_converters=False
             )
-        set_trainable_params(model, adapter_params)  # only the adapters learn
-        self._adapter_config = get_adapter_config(model)  # r, lora_alpha, lora_dropout as built
         if adapter_state_dict is not None:  # resuming, or continuing from a saved adapter
-            missing, unexpected = model.load_state_dict(adapter_state_dict, strict=False)
-            validate_lora_state_dict_load(model, missing, unexpected, loaded="adapter")
+            training.load_lora_state_dicts(model, adapter_state_dict=adapter_state_dict)
         # the sampling policy, the policy being trained and the reference must score a sequence the same way
         training.disable_dropout(model)
         if self._enable_activation_checkpointing:
@@ -307,15 +213,7 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
     def _trainable_params(self) -> list[nn.Parameter]:
         return [p for p in self._model.parameters() if p.requires_grad]
 
-    def _setup_rewards(self, cfg_rewards: ListConfig, weights: ListConfig | None) -> tuple[list[Any], list[float]]:
-        if not isinstance(cfg_rewards, ListConfig) or len(cfg_rewards) == 0:
-            raise config.ConfigError(
-                config.ConfigProblem(
-                    "reward_functions",
-                    "must be a non-empty list of reward functions: _component_ entries (e.g. tune.rlhf.AnswerReward) "
-                    "or dotted paths of functions (my_rewards.length_penalty)",
-                )
-            )
+    def _setup_rewards(self, cfg_rewards: ListConfig, weights: ListConfig | None) -> rlhf.WeightedRewards:
         # a string names a reward function by its dotted path; a _component_ node builds a reward object
         functions = [
             config.get_component_from_path(node, key=f"reward_functions[{i}]")
@@ -323,33 +221,21 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
             else config.instantiate(node)
             for i, node in enumerate(cfg_rewards)
         ]
-        weights = [1.0] * len(functions) if weights is None else [float(w) for w in weights]
-        if len(weights) != len(functions):
-            raise config.ConfigError(
-                config.ConfigProblem(
-                    "reward_weights",
-                    f"has {len(weights)} entries for {len(functions)} reward functions: one each, or null for 1 each",
-                )
-            )
-        names = ", ".join(f"{rlhf.reward_name(f)} x {w:g}" for f, w in zip(functions, weights))
-        log.info("Rewards: %s.", names)
-        return functions, weights
+        with config.errors_at("reward_functions"):
+            rewards = rlhf.WeightedRewards(functions, weights)
+        log.info("Rewards: %s.", rewards)
+        return rewards
 
     def _setup_data(
         self, cfg_dataset: DictConfig | ListConfig, shuffle: bool, batch_size: int
     ) -> tuple[StatefulDistributedSampler, DataLoader]:
         dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)
-        if len(dataset) and "tokens" not in dataset[0]:
-            raise config.ConfigError(
-                config.ConfigProblem(
-                    "dataset",
-                    f"gives samples with keys {sorted(dataset[0])}; GRPO samples completions of prompts ('tokens', "
-                    "plus the columns the rewards read). Use tune.datasets.prompt_dataset or gsm8k_dataset",
-                    config.component_name(cfg_dataset),
-                )
-            )
+        with config.errors_at("dataset", config.component_name(cfg_dataset)):
+            rlhf.check_prompt_dataset(dataset)
+        dataset = rlhf.IndexedPrompts(dataset)  # a row's index seeds its completions
         sampler = StatefulDistributedSampler(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=self._seed)
-        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=_rows, drop_last=True)
+        # the rows as they are: prompts are padded once their completions are sampled
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=list, drop_last=True)
         log.info("Dataset %s: %d prompts, %d batches.", config.component_name(cfg_dataset), len(dataset), len(loader))
         return sampler, loader
 
@@ -359,121 +245,76 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
         step = self._forward_batch_size
         return [slice(start, min(start + step, num_sequences)) for start in range(0, num_sequences, step)]
 
-    def _completion_logprobs(self, model: nn.Module, trajectory: Trajectory, rows: slice) -> torch.Tensor:
-        """Per-token log-probabilities ``[rows, t]`` of the completions under ``model``."""
-        prompt_len = trajectory.sequences.shape[1] - trajectory.completions.shape[1]
-        logits = model(
-            trajectory.sequences[rows], input_pos=trajectory.positions[rows], mask=trajectory.attention[rows]
-        )
-        # position i predicts token i + 1: the completion's logits start at the prompt's last position
-        return rlhf.completion_log_probs(
-            logits[:, prompt_len - 1 : -1], trajectory.completions[rows], self._temperature
-        )
-
     @torch.no_grad()
-    def generate_trajectory(self, rows: list[dict[str, Any]], metrics: dict[str, list]) -> Trajectory:
+    def generate_trajectory(
+        self, rows: list[dict[str, Any]], epoch: int, metrics: dict[str, list]
+    ) -> rlhf.GRPOTrajectory:
         """Samples ``grpo_samples`` completions of each prompt, scores them and computes their advantages.
 
         Args:
-            rows (list[dict[str, Any]]): the batch's prompt rows (``tokens``, ``prompt`` and the other columns).
+            rows (list[dict[str, Any]]): the batch's prompt rows (``tokens``, ``prompt``, the dataset index and the
+                columns the rewards read).
+            epoch (int): the epoch being trained (0-based): with the seed and the rows' indices, it seeds sampling.
             metrics (dict[str, list]): where the step's reward and length statistics go (tensors, not read here).
 
         Returns:
-            Trajectory: the scored batch, on the device.
+            rlhf.GRPOTrajectory: the scored batch, on the device.
         """
-        group = self._grpo_samples
+        group, pad_id = self._grpo_samples, self._tokenizer.pad_id
         prompts = [row["tokens"] for row in rows for _ in range(group)]  # a prompt's completions are consecutive
-        tokens, padding = generation.left_pad(prompts, self._tokenizer.pad_id, self._device)  # [n, p]
-        pieces = []
-        for rows_slice in self._micro_batches(len(prompts)):
+        # one generator per completion: what a prompt samples depends neither on its batch nor on a saved state
+        indices = [row[rlhf.DATASET_INDEX_KEY] for row in rows]
+        generators = rlhf.completion_generators(self._seed, epoch, indices, group, self._device)
+        tokens, padding = generation.left_pad(prompts, pad_id, self._device)  # [n, p]
+        generated = []
+        for micro_batch in self._micro_batches(len(prompts)):
             sequences, _ = generation.generate(
                 self._model,
-                tokens[rows_slice],
+                tokens[micro_batch],
                 max_generated_tokens=self._max_generated_tokens,
-                pad_id=self._tokenizer.pad_id,
+                pad_id=pad_id,
                 temperature=self._temperature,
                 top_k=self._top_k,
                 stop_tokens=self._stop_tokens,
-                rng=self._rng,
+                rng=generators[micro_batch],
                 return_logits=False,
             )
-            pieces.append(sequences[:, tokens.shape[1] :])
-        width = max(piece.shape[1] for piece in pieces)  # a piece whose rows all stopped early is shorter
-        completions = torch.cat(
-            [nn.functional.pad(piece, (0, width - piece.shape[1]), value=self._tokenizer.pad_id) for piece in pieces]
-        )
+            generated += sequences[:, tokens.shape[1] :].unbind()
+        # [n, t]: a micro-batch whose rows all stopped early is shorter, padded here
+        completions = pad_sequence(generated, batch_first=True, padding_value=pad_id)
         mask = rlhf.completion_mask(completions, self._stop_tokens)  # [n, t]
-        full_mask = torch.cat([padding, torch.ones_like(mask)], dim=1)
         # the rewards read text: decoding is this step's one host-device sync before logging (RL's, by nature)
-        texts = [
-            self._decode(row_tokens, row_mask) for row_tokens, row_mask in zip(completions.tolist(), mask.tolist())
-        ]
-        fields = {
-            key: [row[key] for row in rows for _ in range(group)] for key in rows[0] if key not in ("tokens", "prompt")
-        }
-        prompt_texts = [row["prompt"] for row in rows for _ in range(group)]
-        total, per_function = rlhf.score_completions(
-            self._reward_functions, prompt_texts, texts, fields, self._reward_weights
-        )
+        texts = rlhf.decode_completions(self._tokenizer, completions, mask, self._stop_tokens)
+        total, per_function = self._rewards.score(rows, texts, group)
         advantages = rlhf.grpo_advantages(total, group).to(self._device)
-        trajectory = Trajectory(
-            sequences=torch.cat([tokens, completions], dim=1),
-            positions=generation.get_position_ids_from_padding_mask(full_mask),
-            attention=generation.get_causal_mask_from_padding_mask(full_mask),
-            completions=completions,
-            mask=mask,
-            advantages=advantages,
-            ref_logprobs=None,
-        )
-        if self._use_reference:
+        trajectory = rlhf.grpo_trajectory(tokens, padding, completions, mask, advantages)
+        if self._use_reference:  # the policy with its adapters disabled
             with disable_adapter(self._model):
-                reference = [
-                    self._completion_logprobs(self._model, trajectory, s) for s in self._micro_batches(len(prompts))
-                ]
+                reference = [self._log_probs(self._model, trajectory, s) for s in self._micro_batches(len(prompts))]
             trajectory = trajectory._replace(ref_logprobs=torch.cat(reference))
-        metrics["reward"].append(total.mean())
-        metrics["reward_std"].append(total.std())
-        for function, column in zip(self._reward_functions, per_function.unbind(dim=1)):
-            name = rlhf.reward_name(function)
-            metrics[f"rewards/{name}/mean"].append(column.mean())
-            metrics[f"rewards/{name}/std"].append(column.std())
-        lengths = mask.sum(dim=1).float()
-        metrics["completions/mean_length"].append(lengths.mean())
-        stopped = torch.isin(completions, torch.tensor(self._stop_tokens, device=self._device)).any(dim=1)
-        metrics["completions/clipped_ratio"].append((~stopped).float().mean())  # hit max_generated_tokens
+        stats = rlhf.grpo_metrics(total, per_function, self._rewards.names, completions, mask, self._stop_tokens)
+        for name, value in stats.items():
+            metrics[name].append(value)
         return trajectory
 
-    def _decode(self, tokens: list[int], mask: list[bool]) -> str:
-        kept = [t for t, keep in zip(tokens, mask) if keep]
-        if kept and kept[-1] in self._stop_tokens:
-            kept = kept[:-1]  # the stop token ends the completion; it is not part of its text
-        try:
-            return self._tokenizer.decode(kept)
-        except (KeyError, IndexError, ValueError):
-            # a sampled id past the tokenizer's vocabulary (the model's padded embedding rows, as Qwen2.5's
-            # 151,936 rows for 151,665 tokens) has no text: it is left out
-            return self._tokenizer.decode([t for t in kept if self._decodable(t)])
+    def _log_probs(self, model: nn.Module, trajectory: rlhf.GRPOTrajectory, rows: slice) -> torch.Tensor:
+        return rlhf.trajectory_log_probs(model, trajectory, rows, self._temperature)
 
-    def _decodable(self, token: int) -> bool:
-        try:
-            self._tokenizer.decode([token])
-            return True
-        except (KeyError, IndexError, ValueError):
-            return False
-
-    def grpo_step(self, trajectory: Trajectory, metrics: dict[str, list]) -> torch.Tensor:
+    def grpo_step(self, trajectory: rlhf.GRPOTrajectory, metrics: dict[str, list]) -> torch.Tensor:
         """``ppo_epochs`` optimizer steps on one scored batch, each over its micro-batches.
 
         Args:
-            trajectory (Trajectory): from :meth:`generate_trajectory`.
+            trajectory (rlhf.GRPOTrajectory): from :meth:`generate_trajectory`.
             metrics (dict[str, list]): where the loss statistics go (tensors, not read here).
 
         Returns:
             torch.Tensor: the loss, averaged over the passes (0-d, not read here).
         """
-        num_sequences = trajectory.completions.shape[0]
-        num_tokens = trajectory.mask.sum()
-        micro_batches = self._micro_batches(num_sequences)
+        micro_batches = self._micro_batches(trajectory.completions.shape[0])
+        # the loss divides by the step's completions and tokens. step_loss_scale is world_size / (every rank's total):
+        # each rank divides by its share, so the ranks' averaged gradients are the whole batch's (one device: total)
+        num_sequences = 1 / training.step_loss_scale(torch.tensor(len(trajectory.completions), device=self._device))
+        num_tokens = 1 / training.step_loss_scale(trajectory.mask.sum())
         old_logprobs: list[torch.Tensor | None] = [None] * len(micro_batches)
         losses = []
         for _ in range(self._ppo_epochs):
@@ -482,7 +323,7 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
             kl_sum = torch.zeros((), dtype=torch.float32, device=self._device)
             for index, rows in enumerate(micro_batches):
                 with self._activations_ctx:
-                    logprobs = self._completion_logprobs(self._model, trajectory, rows)
+                    logprobs = self._log_probs(self._model, trajectory, rows)
                 if old_logprobs[index] is None:
                     # first pass, no update yet: this IS the policy that sampled the batch (on-policy, ratio 1)
                     old_logprobs[index] = logprobs.detach()
@@ -503,9 +344,9 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
                 out.loss.backward()
             self._loss_check.check(self.global_step + 1)  # a NaN/inf loss stops the run before it is applied
             metrics["grad_norm"].append(self._optimizer_step())
-            metrics["clip_ratio/region_mean"].append(num_clipped / num_tokens.clamp(min=1))
+            metrics["clip_ratio/region_mean"].append(num_clipped / num_tokens)
             if trajectory.ref_logprobs is not None:
-                metrics["kl"].append(kl_sum / num_tokens.clamp(min=1))
+                metrics["kl"].append(kl_sum / num_tokens)
             losses.append(pass_loss)
         return torch.stack(losses).mean()
 
@@ -530,7 +371,7 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
             pbar = training.get_progress_bar(self._steps_per_epoch, epoch, initial=steps_done)
             batches = iter(self._dataloader)
             for _ in range(steps_done, self._steps_per_epoch):
-                trajectory = self.generate_trajectory(next(batches), metrics)
+                trajectory = self.generate_trajectory(next(batches), epoch, metrics)
                 losses.append(self.grpo_step(trajectory, metrics))
                 # tokens/s: the real tokens of every sequence the step generated and trained on
                 throughput.update(trajectory.attention[:, -1].sum() - (~trajectory.mask).sum())

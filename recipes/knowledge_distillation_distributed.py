@@ -117,7 +117,7 @@ class KDRecipeDistributed:
 
         The checkpointer of the config reads the base model (and ``adapter_checkpoint``, if set) and writes the
         gathered outputs; the adapters and optimizer of a resumed run come from the sharded checkpoints in
-        ``output_dir/dcp`` (:meth:`_restore_recipe_state`).
+        ``output_dir/dcp`` (``training.ShardedRecipeState``).
 
         Args:
             cfg_checkpointer (DictConfig): the ``checkpointer`` section.
@@ -197,23 +197,17 @@ class KDRecipeDistributed:
         self._profiler = training.DummyProfiler()
         if cfg.profiler is not None:
             self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
-        self._recipe_state = training.ShardedRecipeState(  # what a save writes and a resume restores
+        self._recipe_state = config.sharded_recipe_state(  # what a save writes and a resume restores
+            cfg,
             self._model,
             self._optimizer,
             checkpointer=self._checkpointer,
-            output_dir=self._output_dir,
             sampler=self._sampler,
             seed=self._seed,
-            epochs=self._epochs,
             steps_per_epoch=self._steps_per_epoch,
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            samples_per_step=self._gradient_accumulation_steps * self._batch_size,
             lr_scheduler=self._lr_scheduler,
             finetuning_schedule=self._finetuning_schedule,
             adapter_config=self._adapter_config,
-            save_adapter_weights_only=self._save_adapter_weights_only,
-            keep_last_n_checkpoints=self._keep_last_n_checkpoints,
-            resume_from_checkpoint=self._resume,
         )
         if self._resume:
             self.epochs_run, self.global_step, self._seed = self._recipe_state.restore(cfg.seed, log)
@@ -238,7 +232,12 @@ class KDRecipeDistributed:
                 training.apply_tensor_parallel(model, plan, self._dims.mesh["tp"])
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
-        self._shard_and_load(cfg, model, base_state_dict, adapter_state_dict)
+        config.shard_model(cfg, model, self._dims, self._checkpointer.model_family)  # FSDP2, as the config says
+        # the base weights, then a saved adapter if set (a resumed run loads its adapters from DCP later)
+        training.load_lora_state_dicts(
+            model, base_state_dict, adapter_state_dict, device=self._device, cpu_offload=self._fsdp_cpu_offload
+        )
+        training.validate_no_params_on_meta_device(model)  # adapters not loaded must have been initialised
         if self._compile:
             training.compile_model(model)
         self._activations_ctx = training.activation_offloading_context(self._enable_activation_offloading, self._device)
@@ -283,20 +282,6 @@ class KDRecipeDistributed:
             self._dims.world_size,
         )
         return teacher
-
-    def _shard_and_load(
-        self,
-        cfg: DictConfig,
-        model: nn.Module,
-        base_state_dict: dict[str, Any],
-        adapter_state_dict: dict[str, Any] | None,
-    ) -> None:
-        config.shard_model(cfg, model, self._dims, self._checkpointer.model_family)  # FSDP2, as the config says
-        # the base weights, then a saved adapter if set (a resumed run loads its adapters from DCP later)
-        training.load_lora_state_dicts(
-            model, base_state_dict, adapter_state_dict, device=self._device, cpu_offload=self._fsdp_cpu_offload
-        )
-        training.validate_no_params_on_meta_device(model)  # adapters not loaded must have been initialised
 
     def _shard_device(self) -> torch.device:
         return torch.device("cpu") if self._fsdp_cpu_offload else self._device

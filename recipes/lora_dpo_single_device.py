@@ -93,7 +93,6 @@ class LoRADPORecipeSingleDevice:
         self._max_steps_per_epoch = cfg.max_steps_per_epoch
         self._gradient_accumulation_steps = cfg.gradient_accumulation_steps
         self._precompute_reference = cfg.precompute_ref_log_probs
-        self._configured_seed = cfg.seed
         self._seed = training.set_seed(cfg.seed)
         self.epochs_run = 0  # completed epochs
         self.global_step = 0  # optimizer steps taken
@@ -126,46 +125,7 @@ class LoRADPORecipeSingleDevice:
         Args:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
-        intermediate = self.global_step < self._total_steps
-        # the adapter, its config, and the merged model unless adapter-only
-        state = training.lora_checkpoint_payload(
-            self._model.state_dict(), self._adapter_config, adapter_only=self._save_adapter_weights_only
-        )
-        if intermediate:
-            state[training.OPT_KEY] = self._optimizer.state_dict()
-            state.update(
-                training.progress_state(
-                    seed=self._seed,
-                    epochs_run=self.epochs_run,
-                    total_epochs=self._epochs,
-                    max_steps_per_epoch=self._max_steps_per_epoch,
-                    global_step=self.global_step,
-                    steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
-                    samples_per_step=self._gradient_accumulation_steps * self._batch_size,
-                    sampler=self._sampler,
-                    lr_scheduler=self._lr_scheduler,
-                )
-            )
-        self._checkpointer.save_checkpoint(
-            state,
-            epoch=self.epochs_run,
-            step=self.global_step,
-            intermediate_checkpoint=intermediate,
-            adapter_only=self._save_adapter_weights_only,
-            config=self._cfg,
-        )
-
-    def _restore_recipe_state(self, ckpt: dict[str, Any]) -> None:
-        self.epochs_run, self.global_step, self._seed = training.restore_progress(
-            ckpt,
-            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            sampler=self._sampler,
-            load_optimizer=lambda: self._optimizer.load_state_dict(ckpt[training.OPT_KEY]),
-            lr_scheduler=self._lr_scheduler,
-            logger=log,
-        )
-        log.info("Resumed after %d optimizer steps (%d epochs complete).", self.global_step, self.epochs_run)
+        self._recipe_state.save(epoch=epoch, epochs_run=self.epochs_run, global_step=self.global_step, config=self._cfg)
 
     # ---------------------------------------------------------------------------------------------------- setup
 
@@ -218,8 +178,19 @@ class LoRADPORecipeSingleDevice:
         self._profiler = training.DummyProfiler()
         if cfg.profiler is not None:
             self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
+        self._recipe_state = config.recipe_state(  # what a save writes and a resume restores
+            cfg,
+            self._model,
+            self._optimizer,
+            checkpointer=self._checkpointer,
+            sampler=self._sampler,
+            seed=self._seed,
+            steps_per_epoch=self._steps_per_epoch,
+            lr_scheduler=self._lr_scheduler,
+            adapter_config=self._adapter_config,
+        )
         if self._resume:
-            self._restore_recipe_state(ckpt)
+            self.epochs_run, self.global_step, self._seed = self._recipe_state.restore(ckpt, cfg.seed, log)
         config.save_config(cfg, self._output_dir)
 
     def _describe_loss(self) -> str:

@@ -123,7 +123,6 @@ class PPOFullFinetuneRecipeSingleDevice:
         self._kl_coeff = cfg.kl_coeff
         self._gamma = cfg.gamma
         self._lmbda = cfg.lmbda
-        self._configured_seed = cfg.seed
         self._seed = training.set_seed(cfg.seed)
         # sampling and minibatch order draw from their own generator, saved with the recipe state: the data
         # loader draws from the global one whenever an epoch starts, which a resumed run does at another point
@@ -144,10 +143,9 @@ class PPOFullFinetuneRecipeSingleDevice:
             dict[str, Any]: the policy's state under ``training.MODEL_KEY``; when resuming also the optimizer, LR
             scheduler, progress, data-loader position and RNG states.
         """
-        extra = {"resume_from_checkpoint": self._resume}
-        if self._keep_last_n_checkpoints is not None:
-            extra["keep_last_n_checkpoints"] = self._keep_last_n_checkpoints
-        self._checkpointer = config.instantiate(cfg_checkpointer, **extra)
+        self._checkpointer = config.instantiate_checkpointer(
+            cfg_checkpointer, resume_from_checkpoint=self._resume, keep_last_n_checkpoints=self._keep_last_n_checkpoints
+        )
         return self._checkpointer.load_checkpoint()
 
     def load_value_checkpoint(self, cfg_value_checkpointer: DictConfig) -> dict[str, Any]:
@@ -186,43 +184,16 @@ class PPOFullFinetuneRecipeSingleDevice:
         Args:
             epoch (int): the epoch being trained (0-based); used for the data-loader position.
         """
-        intermediate = self.global_step < self._total_steps
         self._value_checkpointer.save_checkpoint(
             {training.MODEL_KEY: self._value_model.state_dict()}, epoch=self.epochs_run, step=self.global_step
         )
-        state: dict[str, Any] = {training.MODEL_KEY: self._policy_model.state_dict()}
-        if intermediate:
-            state[training.OPT_KEY] = self._optimizer.state_dict()
-            state.update(
-                training.progress_state(
-                    seed=self._seed,
-                    epochs_run=self.epochs_run,
-                    total_epochs=self._total_epochs,
-                    max_steps_per_epoch=None,
-                    global_step=self.global_step,
-                    steps_in_epoch=self.global_step - epoch * self._steps_per_epoch,
-                    samples_per_step=self._batch_size,
-                    sampler=self._sampler,
-                    lr_scheduler=self._lr_scheduler,
-                )
-            )
-            state[_RNG_KEY] = self._rng.get_state()
-        self._checkpointer.save_checkpoint(
-            state, epoch=self.epochs_run, step=self.global_step, intermediate_checkpoint=intermediate, config=self._cfg
+        self._recipe_state.save(
+            epoch=epoch,
+            epochs_run=self.epochs_run,
+            global_step=self.global_step,
+            config=self._cfg,
+            extra={_RNG_KEY: self._rng.get_state()},
         )
-
-    def _restore_recipe_state(self, ckpt: dict[str, Any]) -> None:
-        self.epochs_run, self.global_step, self._seed = training.restore_progress(
-            ckpt,
-            seed=self._configured_seed,  # null: the run's own, saved in the checkpoint
-            max_steps_per_epoch=None,
-            sampler=self._sampler,
-            load_optimizer=lambda: self._optimizer.load_state_dict(ckpt[training.OPT_KEY]),
-            lr_scheduler=self._lr_scheduler,
-            logger=log,
-        )
-        self._rng.set_state(ckpt[_RNG_KEY])
-        log.info("Resumed after %d PPO steps (%d epochs complete).", self.global_step, self.epochs_run)
 
     # ---------------------------------------------------------------------------------------------------- setup
 
@@ -254,8 +225,22 @@ class PPOFullFinetuneRecipeSingleDevice:
         self._profiler = training.DummyProfiler()
         if cfg.profiler is not None:
             self._profiler, _ = config.instantiate(cfg.profiler)  # (profiler, the settings it used)
+        self._recipe_state = training.RecipeState(  # what a save writes and a resume restores
+            self._policy_model,
+            self._optimizer,
+            checkpointer=self._checkpointer,
+            sampler=self._sampler,
+            seed=self._seed,
+            epochs=self._total_epochs,
+            steps_per_epoch=self._steps_per_epoch,
+            max_steps_per_epoch=None,
+            samples_per_step=self._batch_size,
+            lr_scheduler=self._lr_scheduler,
+            total_steps=self._total_steps,
+        )
         if self._resume:
-            self._restore_recipe_state(ckpt)
+            self.epochs_run, self.global_step, self._seed = self._recipe_state.restore(ckpt, cfg.seed, log)
+            self._rng.set_state(ckpt[_RNG_KEY])  # the generator that samples responses and orders minibatches
         log.info(
             "PPO: %d steps of %d trajectories (%d epochs of %d steps), %d PPO epochs of %d minibatches each.",
             self._total_steps,

@@ -1,7 +1,7 @@
 """Integration tests of recipes/grpo_full_finetune_distributed.py: 2 gloo ranks on CPU (torchrun), the tiny Llama of
 tests/recipes/utils.py and the prompts of tests/recipes/test_grpo_full_finetune_single_device.py, one prompt per rank.
 
-Each completion is sampled from its own generator (seeded by the run's seed, the step, the prompt's dataset index
+Each completion is sampled from its own generator (seeded by the run's seed, the epoch, the prompt's dataset index
 and the completion's number), so 2 ranks with one prompt each sample what one rank with both prompts samples, and
 train the same: the runs are compared step by step. Also: at step 1 the policy is the reference (KL exactly 0) and
 the single pass is on-policy (nothing clipped, loss 0 up to rounding), a resumed run equals the uninterrupted one,

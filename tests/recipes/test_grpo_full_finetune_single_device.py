@@ -63,7 +63,7 @@ def test_on_policy_first_pass_and_kl_to_the_reference(tiny_assets, tmp_path):
 
 def test_clipped_passes_resume_and_load_in_transformers(tiny_assets, tmp_path):
     """ppo_epochs 2 with a large LR: the second pass leaves the trust region (clipped tokens). A run stopped after
-    step 1 and resumed equals the uninterrupted run (sampling generator, data order, optimizer state), and the
+    step 1 and resumed equals the uninterrupted run (sampling seeds, data order, optimizer state), and the
     saved model loads in transformers."""
     prompts = write_sum_prompts(tmp_path / "prompts.json")
     out = tmp_path / "run"

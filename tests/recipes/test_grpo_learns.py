@@ -3,7 +3,7 @@
 A short supervised fine-tuning (120 steps) leaves the demo model right on about a third of the held-out counting
 prompts ("How many items are in the list?"); 30 GRPO steps on that task with the exact-match reward
 (configs/demo/grpo_single_device.yaml) must raise its held-out exact match on it (greedy decoding, demo/evaluate.py).
-Measured on 2 busy CPU cores: counting 36.2% -> 78.7%, all tasks 21.0% -> 29.5%. A recipe whose loss does not push
+Measured on 2 busy CPU cores: counting 36.2% -> 78.7%, all tasks 21.0% -> 29.0%. A recipe whose loss does not push
 towards the rewarded completions leaves it where it was.
 """
 

@@ -50,7 +50,7 @@ def test_reference_is_the_model_without_adapters_and_outputs_load_in_peft(tiny_a
 
 @pytest.mark.slow
 def test_resume_equals_the_uninterrupted_run(tiny_assets, tmp_path):
-    """Stopped after step 1 and resumed (adapter, optimizer, sampling generator, data position): steps 2-3 and the
+    """Stopped after step 1 and resumed (adapter, optimizer, sampling seeds, data position): steps 2-3 and the
     final adapter equal the uninterrupted run's."""
     import shutil
 

@@ -24,7 +24,13 @@ from tune.config._instantiate import get_component_from_path, instantiate
 from tune.config._io import log_config, resolved_yaml, save_config
 from tune.config._load import apply_overrides, load_config, parse_override_value, read_yaml
 from tune.config._parse import parse
-from tune.config._recipe import init_parallel, instantiate_checkpointer, shard_model
+from tune.config._recipe import (
+    init_parallel,
+    instantiate_checkpointer,
+    recipe_state,
+    shard_model,
+    sharded_recipe_state,
+)
 from tune.config._training import (
     IGNORED_KEYS,
     OPTIONAL_KEYS,
@@ -79,11 +85,13 @@ __all__ = [
     "parse_override_value",
     "read_recipe_info",
     "read_yaml",
+    "recipe_state",
     "recipe_defaults",
     "recipes_for_config",
     "resolved_yaml",
     "save_config",
     "shard_model",
+    "sharded_recipe_state",
     "shipped_config_name",
     "shipped_dirs",
     "validate_config",

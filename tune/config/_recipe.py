@@ -120,3 +120,66 @@ def shard_model(cfg: DictConfig, model: Any, dims: "ParallelDims", model_family:
         dp_mesh=dims.mesh["dp_shard"],
         expert_mesh=dims.ep_mesh,
     )
+
+
+def _recipe_state_settings(cfg: DictConfig, adapter_config: Any) -> dict[str, Any]:
+    # the settings of the recipe state a training config holds
+    settings = {
+        "epochs": cfg.epochs,
+        "max_steps_per_epoch": cfg.max_steps_per_epoch,
+        "samples_per_step": cfg.batch_size * cfg.gradient_accumulation_steps,  # per data-parallel rank
+        "adapter_config": adapter_config,
+    }
+    if adapter_config is not None:
+        settings["save_adapter_weights_only"] = cfg.save_adapter_weights_only
+    return settings
+
+
+def recipe_state(cfg: DictConfig, model: Any, optimizer: Any, *, adapter_config: Any = None, **objects: Any) -> Any:
+    """The :class:`tune.training.RecipeState` of a single-device recipe: the run's objects, and its length and
+    save settings from the config (``epochs``, ``max_steps_per_epoch``, ``batch_size`` x
+    ``gradient_accumulation_steps`` samples per step, ``save_adapter_weights_only`` for a LoRA model).
+
+    Args:
+        cfg (DictConfig): the recipe config.
+        model (nn.Module): the model being trained.
+        optimizer (Any): its optimizer.
+        adapter_config (Any): the LoRA model's adapter config, or None.
+        **objects (Any): ``checkpointer``, ``sampler``, ``seed``, ``steps_per_epoch``, ``lr_scheduler`` and, where
+            the recipe has one, ``finetuning_schedule``.
+
+    Returns:
+        RecipeState: what the recipe's saves write and its resume restores.
+    """
+    from tune import training
+
+    return training.RecipeState(model, optimizer, **objects, **_recipe_state_settings(cfg, adapter_config))
+
+
+def sharded_recipe_state(
+    cfg: DictConfig, model: Any, optimizer: Any, *, adapter_config: Any = None, **objects: Any
+) -> Any:
+    """The :class:`tune.training.ShardedRecipeState` of a distributed recipe: :func:`recipe_state`'s settings, plus
+    ``output_dir``, ``keep_last_n_checkpoints`` and ``resume_from_checkpoint`` for the sharded checkpoints.
+
+    Args:
+        cfg (DictConfig): the recipe config.
+        model (nn.Module): the sharded model.
+        optimizer (Any): its optimizer.
+        adapter_config (Any): the LoRA model's adapter config, or None.
+        **objects (Any): as for :func:`recipe_state`.
+
+    Returns:
+        ShardedRecipeState: what the recipe's saves write and its resume restores. A collective to build.
+    """
+    from tune import training
+
+    return training.ShardedRecipeState(
+        model,
+        optimizer,
+        output_dir=cfg.output_dir,
+        keep_last_n_checkpoints=cfg.keep_last_n_checkpoints,
+        resume_from_checkpoint=cfg.resume_from_checkpoint,
+        **objects,
+        **_recipe_state_settings(cfg, adapter_config),
+    )

@@ -12,6 +12,7 @@ import difflib
 import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
@@ -77,6 +78,16 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
         # pass per step less; full_dpo_distributed also scores the validation pairs and then frees the reference)
         "precompute_ref_log_probs": False,
     },
+    # the GRPO recipes, read after "finetune" (their required keys, checked with these: grpo_samples,
+    # forward_batch_size, max_generated_tokens, reward_functions; see _MINIMUMS and _reward_problems)
+    "grpo": {
+        "ppo_epochs": 1,  # optimizer steps per batch of completions; > 1 reuses them and the loss clips the ratio
+        "temperature": 1.0,
+        "top_k": None,
+        "reward_weights": None,
+        # a GRPO step optimises all its completions, in micro-batches of forward_batch_size: nothing to accumulate
+        "gradient_accumulation_steps": 1,
+    },
 }
 
 
@@ -87,6 +98,8 @@ DEFAULT_NOTES: dict[str, str] = {
     "dist_backend": "gloo on CPU, cuda:nccl,cpu:gloo on GPUs",
     "tensor_parallel_plan": "the model family's plan (tune.registry)",
     "clip_grad_norm": "no clipping (the grad norm is still logged)",
+    "top_k": "sample from the whole vocabulary",
+    "reward_weights": "1 for each reward function",
 }
 
 
@@ -99,8 +112,16 @@ IGNORED_KEYS: dict[str, str] = {
 }
 # top-level keys tune itself reads from every config
 _TUNE_KEYS = {"imports"}
+# integer keys of a table's recipes and their lower bounds, checked with the training settings (a group of one
+# completion has no advantage: grpo_samples >= 2)
+_MINIMUMS: dict[str, dict[str, int]] = {
+    "grpo": {"grpo_samples": 2, "ppo_epochs": 1, "forward_batch_size": 1, "max_generated_tokens": 1},
+}
 # required keys that the checks of a table read (check_training_config for "finetune")
-_CHECKED_KEYS = {"finetune": {"epochs", "gradient_accumulation_steps", "max_steps_per_epoch"}}
+_CHECKED_KEYS = {
+    "finetune": {"epochs", "gradient_accumulation_steps", "max_steps_per_epoch"},
+    "grpo": {*_MINIMUMS["grpo"], "reward_functions"},
+}
 
 
 def known_keys(tables: Sequence[str]) -> set[str]:
@@ -231,35 +252,110 @@ def errors_at(key: str, value: Any = _NO_VALUE) -> Iterator[None]:
         raise ConfigError(ConfigProblem(key, str(err), value)) from err
 
 
+@dataclass(frozen=True)
+class KeepDefault:
+    """An entry of a recipe's ``UNSUPPORTED`` table: the key must keep the default of the recipe's optional-keys
+    tables (``"tensor_parallel_dim": KeepDefault("this recipe shards with FSDP2 only")``), where a plain reason
+    refuses any value but null or False.
+
+    Args:
+        reason (str): why the recipe needs the default, shown with the problem.
+    """
+
+    reason: str
+
+
 def check_training_config(
-    cfg: DictConfig, *, distributed: bool = False, unsupported: dict[str, str] | None = None
+    cfg: DictConfig,
+    *,
+    distributed: bool = False,
+    unsupported: dict[str, "str | KeepDefault"] | None = None,
+    tables: Sequence[str] = ("finetune",),
 ) -> None:
     """Checks the training settings every training recipe shares, before anything is loaded or built.
 
     Checked: ``gradient_accumulation_steps``, ``log_every_n_steps``, ``save_every_n_steps``,
     ``run_val_every_n_steps`` (and that ``dataset_val`` exists for it), ``max_validation_steps``,
     ``optimizer_in_bwd`` (with clipping, accumulation, a finetuning schedule and distributed runs), the order of
-    ``model_converters``, the phases of ``finetuning_schedule``, and that the keys a recipe does not support are
-    off. Expects the optional keys filled in (:func:`apply_defaults`).
+    ``model_converters``, the phases of ``finetuning_schedule``, the keys of the recipe's other tables (the GRPO
+    group size, batch sizes and rewards for ``"grpo"``), and that the keys a recipe does not support are off or
+    keep their defaults. Expects the optional keys filled in (:func:`apply_defaults`).
 
     Args:
         cfg (DictConfig): the recipe config.
         distributed (bool): whether the recipe is a distributed one.
-        unsupported (dict[str, str] | None): keys (dotted paths, e.g. ``dataset.packed``) the recipe does not
-            support, each with the reason; reported when set to anything but null or False.
+        unsupported (dict[str, str | KeepDefault] | None): keys (dotted paths, e.g. ``dataset.packed``) the recipe
+            does not support, each with the reason: a string refuses any value but null or False, a
+            :class:`KeepDefault` any value but the key's default in ``tables``.
+        tables (Sequence[str]): the recipe's tables of optional keys (its ``RECIPE_INFO["optional_keys"]``).
+            Default ``("finetune",)``.
 
     Raises:
         ConfigError: listing every problem at once, each with its key.
+        ValueError: if ``unsupported`` keeps the default of a key that none of ``tables`` has (a recipe's mistake).
     """
-    problems = training_config_problems(cfg, distributed=distributed)
+    problems = training_config_problems(cfg, distributed=distributed) + table_problems(cfg, tables)
+    defaults = recipe_defaults(tables)
     for key, reason in (unsupported or {}).items():
         value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
-        if value is not None and value is not False:
+        if isinstance(reason, KeepDefault):
+            if key not in defaults:
+                raise ValueError(
+                    f"UNSUPPORTED keeps the default of {key!r}, which none of the tables {list(tables)} has"
+                )
+            if value != defaults[key]:
+                shown = _yaml_value(defaults[key])
+                message = f"must be {shown} in this recipe ({reason.reason}); set it to {shown} or remove it"
+                problems.append(ConfigProblem(key, message, value))
+        elif value is not None and value is not False:
             problems.append(ConfigProblem(key, f"is not supported by this recipe ({reason}); remove it", value))
     problems += check_model_converters(cfg.model_converters)
     problems += check_finetuning_schedule(cfg.finetuning_schedule, cfg.finetuning_schedule_auto_transition)
     if problems:
         raise ConfigError(problems)
+
+
+def _yaml_value(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def table_problems(cfg: DictConfig, tables: Sequence[str]) -> list[ConfigProblem]:
+    """The problems of the keys that the recipe's tables of optional keys check (:data:`_MINIMUMS`, and the reward
+    functions and weights of ``"grpo"``), all at once.
+
+    Args:
+        cfg (DictConfig): the config, its optional keys filled in.
+        tables (Sequence[str]): the recipe's tables.
+
+    Returns:
+        list[ConfigProblem]: one per bad key.
+    """
+    problems = []
+    for table in tables:
+        for key, low in _MINIMUMS.get(table, {}).items():
+            value = cfg.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                problems.append(ConfigProblem(key, f"must be an integer >= {low}", value))
+    if "grpo" in tables:
+        problems += _reward_problems(cfg.get("reward_functions"), cfg.get("reward_weights"))
+    return problems
+
+
+def _reward_problems(functions: Any, weights: Any) -> list[ConfigProblem]:
+    if not isinstance(functions, ListConfig) or len(functions) == 0:
+        message = (
+            "must be a non-empty list of reward functions: _component_ entries (e.g. tune.rlhf.AnswerReward) or "
+            "dotted paths of functions (my_rewards.length_penalty)"
+        )
+        return [ConfigProblem("reward_functions", message, functions)]
+    if weights is None:
+        return []
+    if not isinstance(weights, ListConfig):
+        return [ConfigProblem("reward_weights", "must be a list of one weight per reward function, or null", weights)]
+    if len(weights) != len(functions):
+        message = f"has {len(weights)} entries for {len(functions)} reward functions: one each, or null for 1 each"
+        return [ConfigProblem("reward_weights", message, weights)]
+    return []
 
 
 def training_config_problems(cfg: DictConfig, *, distributed: bool = False) -> list[ConfigProblem]:

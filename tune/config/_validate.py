@@ -21,6 +21,7 @@ from tune.config._training import (
     check_model_converters,
     known_keys,
     optional_key_tables,
+    table_problems,
     training_config_problems,
     unknown_key_problems,
 )
@@ -104,6 +105,7 @@ def _settings_problems(
         )
         if "finetune" in tables:
             problems += training_config_problems(cfg, distributed=distributed)
+        problems += table_problems(cfg, tables)
     except OmegaConfBaseException:
         return []  # an interpolation that does not resolve: reported by the tree check
     reported = {p.key for p in found}

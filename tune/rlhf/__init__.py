@@ -1,10 +1,23 @@
 """Alignment after supervised fine-tuning (torchtune's ``torchtune.rlhf``): sequence log-probabilities (from logits, or
-from hidden states projecting only the completions), masked statistics and the preference metrics; the losses live in
-:mod:`tune.rlhf.loss`.
+from hidden states projecting only the completions), masked statistics and the preference metrics, and the policy the
+GRPO recipes share (rewards, sampling rule, trajectory, decoding, metrics); the losses live in :mod:`tune.rlhf.loss`.
 """
 
-from tune.rlhf._data import PREFERENCE_KEYS, check_preference_dataset
-from tune.rlhf._grpo import completion_log_probs, completion_mask, grpo_advantages
+from tune.rlhf._data import PREFERENCE_KEYS, check_preference_dataset, check_prompt_dataset
+from tune.rlhf._grpo import (
+    DATASET_INDEX_KEY,
+    GRPOTrajectory,
+    IndexedPrompts,
+    completion_generators,
+    completion_log_probs,
+    completion_mask,
+    completion_seed,
+    decode_completions,
+    grpo_advantages,
+    grpo_metrics,
+    grpo_trajectory,
+    trajectory_log_probs,
+)
 from tune.rlhf._metrics import PreferenceMetrics
 from tune.rlhf._ppo import PPOStats, Trajectory, estimate_advantages, get_rewards_ppo
 from tune.rlhf._reference import IndexedPairs, collate_with_indices, precompute_reference_log_probs
@@ -13,6 +26,7 @@ from tune.rlhf._rewards import (
     AnswerReward,
     FormatReward,
     RewardFunction,
+    WeightedRewards,
     extract_answer,
     normalize_answer,
     reward_name,
@@ -39,10 +53,21 @@ __all__ = [
     "FormatReward",
     "RewardFunction",
     "THINK_ANSWER_FORMAT",
+    "WeightedRewards",
+    "DATASET_INDEX_KEY",
+    "GRPOTrajectory",
+    "IndexedPrompts",
+    "check_prompt_dataset",
+    "completion_generators",
     "completion_log_probs",
     "completion_mask",
+    "completion_seed",
+    "decode_completions",
     "extract_answer",
     "grpo_advantages",
+    "grpo_metrics",
+    "grpo_trajectory",
+    "trajectory_log_probs",
     "normalize_answer",
     "reward_name",
     "score_completions",

@@ -21,10 +21,12 @@ else its class name.
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from tune.rlhf._grpo import DATASET_INDEX_KEY
 
 RewardFunction = Callable[..., "torch.Tensor | Sequence[float]"]
 
@@ -234,3 +236,76 @@ def score_completions(
     per_function = torch.stack(columns, dim=1)  # [n, k]
     total = per_function @ torch.tensor([float(w) for w in weights], dtype=torch.float32)
     return total, per_function
+
+
+# the columns of a prompt row that are not passed to reward functions: the prompt's tokens, its text (passed as
+# ``prompts``) and its dataset index (tune.rlhf.IndexedPrompts)
+_NOT_REWARD_COLUMNS = ("tokens", "prompt", DATASET_INDEX_KEY)
+
+
+class WeightedRewards:
+    """The reward functions of a GRPO run with their weights: scores groups of completions of prompt rows.
+
+    A recipe builds the functions from its config (a ``_component_`` entry instantiated, a dotted path imported)
+    and passes them here with ``reward_weights``.
+
+    Args:
+        reward_functions (Sequence[RewardFunction]): reward objects or functions (see the module docstring).
+        weights (Sequence[float] | None): one weight per function; None: 1 each. Default None.
+
+    Raises:
+        ValueError: for no reward functions, one that is not callable, or a number of weights that differs from
+            theirs.
+    """
+
+    def __init__(self, reward_functions: Sequence[RewardFunction], weights: Sequence[float] | None = None) -> None:
+        functions = list(reward_functions)
+        if not functions:
+            raise ValueError(
+                "no reward functions: list at least one, a _component_ entry (e.g. tune.rlhf.AnswerReward) or the "
+                "dotted path of a function (my_rewards.length_penalty)"
+            )
+        for position, function in enumerate(functions):
+            if not callable(function):
+                raise ValueError(
+                    f"reward function {position} is a {type(function).__name__}, not a callable: a reward is called "
+                    "as fn(prompts, completions, **fields)"
+                )
+        weights = [1.0] * len(functions) if weights is None else [float(w) for w in weights]
+        if len(weights) != len(functions):
+            raise ValueError(
+                f"{len(weights)} weights for {len(functions)} reward functions: give one weight per reward function, "
+                "or null for 1 each"
+            )
+        self.functions = functions
+        self.weights = weights
+        self.names = [reward_name(function) for function in functions]
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{name} x {weight:g}" for name, weight in zip(self.names, self.weights))
+
+    def score(
+        self, rows: Sequence[Mapping[str, Any]], completions: Sequence[str], group_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores ``group_size`` completions of each prompt row (see :func:`score_completions`).
+
+        Args:
+            rows (Sequence[Mapping[str, Any]]): the prompt rows: ``prompt`` (the text) and the columns the rewards
+                read (``answer``, ...); ``tokens`` and the dataset index are not passed on.
+            completions (Sequence[str]): ``len(rows) * group_size`` texts, a row's completions consecutive.
+            group_size (int): completions per row.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor]: the weighted totals ``[n]`` and each function's rewards ``[n, k]``
+            (float32, on the CPU).
+
+        Raises:
+            ValueError: for a number of completions other than ``len(rows) * group_size``, or a reward function
+                that returns the wrong number of rewards or a non-finite one.
+        """
+        if len(completions) != len(rows) * group_size:
+            raise ValueError(f"{len(completions)} completions for {len(rows)} prompts of {group_size} completions each")
+        prompts = [row["prompt"] for row in rows for _ in range(group_size)]
+        columns = [key for key in rows[0] if key not in _NOT_REWARD_COLUMNS] if rows else []
+        fields = {key: [row[key] for row in rows for _ in range(group_size)] for key in columns}
+        return score_completions(self.functions, prompts, completions, fields, self.weights)

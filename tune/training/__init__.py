@@ -75,6 +75,7 @@ from tune.training._profiler import (
 )
 from tune.training._recipe_state import (
     FINETUNING_SCHEDULE_KEY,
+    RecipeState,
     activation_offloading_context,
     prepare_loss,
     progress_state,
@@ -137,6 +138,7 @@ from tune.training.seed import set_seed
 from tune.utils import get_world_size_and_rank
 
 __all__ = [
+    "RecipeState",
     "sharded_optimizer_state",
     "sharded_model_state",
     "save_sharded_checkpoint",

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tune.modules.loss import CEWithChunkedOutputLoss, LinearCrossEntropyLoss, shift_labels
+from tune.training._adapters import lora_checkpoint_payload
 from tune.training._compile import compile_loss
 from tune.training._loss_scaling import num_loss_tokens
 from tune.training.activations import OffloadActivations, activation_offloading_supported
@@ -22,6 +23,8 @@ from tune.training.checkpointing import (
     EPOCHS_KEY,
     LR_SCHEDULER_KEY,
     MAX_STEPS_KEY,
+    MODEL_KEY,
+    OPT_KEY,
     RNG_KEY,
     SEED_KEY,
     STEPS_KEY,
@@ -320,3 +323,158 @@ def step_metrics(
     if memory_device is not None:
         metrics.update(get_memory_stats(memory_device, reset_stats=False))
     return metrics
+
+
+class _RunState:
+    # what RecipeState and ShardedRecipeState share: the run's objects, its length and the checkpoint payload
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Any,
+        *,
+        checkpointer: Any,
+        sampler: Any,
+        seed: int,
+        epochs: int,
+        steps_per_epoch: int,
+        max_steps_per_epoch: int | None,
+        samples_per_step: int,
+        lr_scheduler: Any = None,
+        finetuning_schedule: Any = None,
+        adapter_config: Mapping[str, Any] | None = None,
+        save_adapter_weights_only: bool = False,
+        total_steps: int | None = None,
+    ) -> None:
+        if save_adapter_weights_only and adapter_config is None:
+            raise ValueError("save_adapter_weights_only needs a LoRA/DoRA model (adapter_config); this one has none.")
+        self._model = model
+        self._optimizer = optimizer
+        self._checkpointer = checkpointer
+        self._sampler = sampler
+        self.seed = seed
+        self._epochs = epochs
+        self._steps_per_epoch = steps_per_epoch
+        self._max_steps_per_epoch = max_steps_per_epoch
+        self._samples_per_step = samples_per_step
+        self._lr_scheduler = lr_scheduler
+        self._finetuning_schedule = finetuning_schedule
+        self._adapter_config = dict(adapter_config) if adapter_config is not None else None
+        self._adapter_only = save_adapter_weights_only
+        self._total_steps = total_steps if total_steps is not None else epochs * steps_per_epoch
+
+    def _is_last_step(self, global_step: int) -> bool:
+        return global_step >= self._total_steps
+
+    def _progress(self, epoch: int, epochs_run: int, global_step: int) -> dict[str, Any]:
+        return progress_state(
+            seed=self.seed,
+            epochs_run=epochs_run,
+            total_epochs=self._epochs,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            global_step=global_step,
+            steps_in_epoch=global_step - epoch * self._steps_per_epoch,
+            samples_per_step=self._samples_per_step,
+            sampler=self._sampler,
+            lr_scheduler=self._lr_scheduler,
+            finetuning_schedule=self._finetuning_schedule,
+        )
+
+    def _payload(self, model_state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        if self._adapter_config is None:
+            return {MODEL_KEY: model_state}
+        return lora_checkpoint_payload(model_state, self._adapter_config, adapter_only=self._adapter_only)
+
+
+class RecipeState(_RunState):
+    """What a single-process recipe saves and resumes, the same way in every recipe.
+
+    A save hands the run's checkpointer the model (for a LoRA/DoRA model: the adapter in the PEFT format, its
+    config and, unless ``save_adapter_weights_only``, the merged model: :func:`tune.training.lora_checkpoint_payload`)
+    and, unless it is the run's last step, the optimizer state and the progress (:func:`progress_state`), written
+    as ``recipe_state.pt``. A restore puts the optimizer, finetuning-schedule phase, LR scheduler, data position,
+    seed and RNG states back from what the checkpointer read (:func:`restore_progress`).
+
+    Build it at the end of setup, once the optimizer, sampler and schedulers exist.
+
+    Args:
+        model (nn.Module): the model being trained.
+        optimizer (Any): its optimizer (an ``OptimizerInBackward`` too).
+        checkpointer (Any): the run's checkpointer (``FullModelHFCheckpointer``, ...).
+        sampler (Any): the training sampler (``StatefulDistributedSampler``).
+        seed (int): the seed the run uses.
+        epochs (int): epochs of the run.
+        steps_per_epoch (int): optimizer steps per epoch.
+        max_steps_per_epoch (int | None): the configured cap on steps per epoch.
+        samples_per_step (int): samples one optimizer step consumes (batch size x accumulation).
+        lr_scheduler (Any): the LR scheduler, or ``None``.
+        finetuning_schedule (Any): the ``FinetuningSchedule``, or ``None``.
+        adapter_config (Mapping[str, Any] | None): for a LoRA/DoRA model, ``tune.modules.peft.get_adapter_config``
+            of it; ``None`` for a fully trained model.
+        save_adapter_weights_only (bool): with ``adapter_config``, write the adapter without the merged model.
+        total_steps (int | None): the run's last step, after which nothing is saved to resume from; default
+            ``epochs * steps_per_epoch`` (PPO counts steps, not epochs).
+
+    Raises:
+        ValueError: ``save_adapter_weights_only`` without ``adapter_config``.
+    """
+
+    def save(
+        self,
+        *,
+        epoch: int,
+        epochs_run: int,
+        global_step: int,
+        config: Mapping[str, Any] | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Writes ``step_N/`` with the run's checkpointer (and ``recipe_state.pt`` unless the run is over).
+
+        Args:
+            epoch (int): the epoch being trained (0-based), for the data position.
+            epochs_run (int): epochs completed.
+            global_step (int): optimizer steps taken; names ``step_N/``.
+            config (Mapping[str, Any] | None): the resolved run config, written into the checkpoint.
+            extra (Mapping[str, Any] | None): more state of the recipe to resume with (tensors and plain data),
+                saved beside the progress.
+        """
+        intermediate = not self._is_last_step(global_step)
+        state = self._payload(self._model.state_dict())
+        if intermediate:
+            state[OPT_KEY] = self._optimizer.state_dict()
+            state.update(self._progress(epoch, epochs_run, global_step))
+            state.update(extra or {})
+        self._checkpointer.save_checkpoint(
+            state,
+            epoch=epochs_run,
+            step=global_step,
+            intermediate_checkpoint=intermediate,
+            adapter_only=self._adapter_only,
+            config=config,
+        )
+
+    def restore(
+        self, checkpoint: Mapping[str, Any], seed: int | None, logger: logging.Logger = log
+    ) -> tuple[int, int, int]:
+        """Puts the run back where the checkpoint being resumed left it; call it last in setup.
+
+        Args:
+            checkpoint (Mapping[str, Any]): what the checkpointer's ``load_checkpoint()`` returned when resuming.
+            seed (int | None): the config's ``seed`` (``None`` takes the checkpoint's).
+            logger (logging.Logger): where the lines about the restore go.
+
+        Returns:
+            tuple[int, int, int]: ``(epochs_run, global_step, seed)`` of the resumed run.
+        """
+        epochs_run, global_step, self.seed = restore_progress(
+            checkpoint,
+            seed=seed,
+            max_steps_per_epoch=self._max_steps_per_epoch,
+            sampler=self._sampler,
+            load_optimizer=lambda: self._optimizer.load_state_dict(checkpoint[OPT_KEY]),
+            lr_scheduler=self._lr_scheduler,
+            finetuning_schedule=self._finetuning_schedule,
+            logger=logger,
+        )
+        log_rank_zero(logger, f"Resumed after {global_step} optimizer steps ({epochs_run} epochs complete).")
+        return epochs_run, global_step, self.seed

@@ -13,9 +13,8 @@ import torch.distributed as dist
 from torch import nn
 
 from tune.modules.peft import is_adapter_key
-from tune.training._adapters import lora_checkpoint_payload
 from tune.training._distributed import all_reduce_sum, errors_on_all_ranks, gather_cpu_state_dict
-from tune.training._recipe_state import progress_state, restore_progress
+from tune.training._recipe_state import _RunState, restore_progress
 from tune.training.checkpointing import MODEL_KEY, OPT_KEY, DistributedCheckpointer
 from tune.utils import get_logger, log_rank_zero
 
@@ -185,38 +184,28 @@ def load_sharded_checkpoint(
     return state
 
 
-class ShardedRecipeState:
+class ShardedRecipeState(_RunState):
     """Saves and restores the training state of a sharded run, the same way in every distributed recipe.
 
     A save writes, unless it is the run's last step, every rank's shards of the trainable weights (only the
     adapters of a LoRA model: the frozen base is the input checkpoint's), the optimizer and the progress
     (:func:`tune.training.progress_state`) to ``output_dir/dcp/step_N/`` with DCP; then it gathers the full model
-    to rank 0, which writes ``output_dir/step_N/`` with the run's checkpointer: the model in its input format, or,
-    for a LoRA model, the adapter in the PEFT format plus the merged model unless ``save_adapter_weights_only``.
-    A restore reads the newest complete sharded checkpoint back: weights, optimizer (see
-    :func:`saved_optimizer_state`), finetuning-schedule phase, LR scheduler, data position, seed and RNG states.
+    to rank 0, which writes ``output_dir/step_N/`` with the run's checkpointer: what
+    :class:`~tune.training.RecipeState` writes, without ``recipe_state.pt``. A restore reads the newest complete
+    sharded checkpoint back: weights, optimizer (see :func:`saved_optimizer_state`), finetuning-schedule phase, LR
+    scheduler, data position, seed and RNG states.
 
     Build it at the end of setup, once the optimizer, sampler and schedulers exist. Every method is a collective.
 
     Args:
         model (nn.Module): the sharded model.
         optimizer (torch.optim.Optimizer): its optimizer.
-        checkpointer (Any): the run's checkpointer (``FullModelHFCheckpointer``, ...), used on rank 0 to write the
-            gathered outputs.
         output_dir (str | Path): the run's output directory; the sharded checkpoints go to its ``dcp/``.
-        sampler (Any): the training sampler (``StatefulDistributedSampler``).
-        seed (int): the seed the run uses.
-        epochs (int): epochs of the run.
-        steps_per_epoch (int): optimizer steps per epoch.
-        max_steps_per_epoch (int | None): the configured cap on steps per epoch.
-        samples_per_step (int): samples one optimizer step consumes on a rank (batch size x accumulation).
-        lr_scheduler (Any): the LR scheduler, or ``None``.
-        finetuning_schedule (Any): the ``FinetuningSchedule``, or ``None``.
-        adapter_config (Mapping[str, Any] | None): for a LoRA/DoRA model, ``tune.modules.peft.get_adapter_config``
-            of it; ``None`` for a fully trained model.
-        save_adapter_weights_only (bool): with ``adapter_config``, write the adapter without the merged model.
         keep_last_n_checkpoints (int | None): keep this many sharded checkpoints (None: all).
         resume_from_checkpoint (bool): find the newest complete sharded checkpoint to :meth:`restore` from.
+        **kwargs: the arguments of :class:`~tune.training.RecipeState` (``checkpointer``, ``sampler``, ``seed``,
+            ``epochs``, ``steps_per_epoch``, ``max_steps_per_epoch``, ``samples_per_step``, ``lr_scheduler``,
+            ``finetuning_schedule``, ``adapter_config``, ``save_adapter_weights_only``).
 
     Raises:
         ValueError: resuming when ``output_dir/dcp`` holds no complete sharded checkpoint, or with
@@ -228,36 +217,12 @@ class ShardedRecipeState:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
-        checkpointer: Any,
         output_dir: str | Path,
-        sampler: Any,
-        seed: int,
-        epochs: int,
-        steps_per_epoch: int,
-        max_steps_per_epoch: int | None,
-        samples_per_step: int,
-        lr_scheduler: Any = None,
-        finetuning_schedule: Any = None,
-        adapter_config: Mapping[str, Any] | None = None,
-        save_adapter_weights_only: bool = False,
         keep_last_n_checkpoints: int | None = None,
         resume_from_checkpoint: bool = False,
+        **kwargs: Any,
     ) -> None:
-        if save_adapter_weights_only and adapter_config is None:
-            raise ValueError("save_adapter_weights_only needs a LoRA/DoRA model (adapter_config); this one has none.")
-        self._model = model
-        self._optimizer = optimizer
-        self._checkpointer = checkpointer
-        self._sampler = sampler
-        self.seed = seed
-        self._epochs = epochs
-        self._steps_per_epoch = steps_per_epoch
-        self._max_steps_per_epoch = max_steps_per_epoch
-        self._samples_per_step = samples_per_step
-        self._lr_scheduler = lr_scheduler
-        self._finetuning_schedule = finetuning_schedule
-        self._adapter_config = dict(adapter_config) if adapter_config is not None else None
-        self._adapter_only = save_adapter_weights_only
+        super().__init__(model, optimizer, **kwargs)
         self._dcp = DistributedCheckpointer(
             output_dir=Path(output_dir) / DCP_SUBDIR,
             resume_from_checkpoint=resume_from_checkpoint,
@@ -269,20 +234,6 @@ class ShardedRecipeState:
         """The sharded checkpoint this run resumes from (None when it does not resume)."""
         return self._dcp.resume_dir
 
-    def _progress(self, epoch: int, epochs_run: int, global_step: int) -> dict[str, Any]:
-        return progress_state(
-            seed=self.seed,
-            epochs_run=epochs_run,
-            total_epochs=self._epochs,
-            max_steps_per_epoch=self._max_steps_per_epoch,
-            global_step=global_step,
-            steps_in_epoch=global_step - epoch * self._steps_per_epoch,
-            samples_per_step=self._samples_per_step,
-            sampler=self._sampler,
-            lr_scheduler=self._lr_scheduler,
-            finetuning_schedule=self._finetuning_schedule,
-        )
-
     def save(self, *, epoch: int, epochs_run: int, global_step: int, config: Mapping[str, Any] | None) -> None:
         """Writes the sharded state to resume from (unless the run is over) and the gathered outputs.
 
@@ -292,7 +243,7 @@ class ShardedRecipeState:
             global_step (int): optimizer steps taken; names ``step_N/``.
             config (Mapping[str, Any] | None): the resolved run config, written into both checkpoints.
         """
-        if global_step < self._epochs * self._steps_per_epoch:
+        if not self._is_last_step(global_step):
             save_sharded_checkpoint(
                 self._dcp,
                 self._model,
@@ -308,12 +259,12 @@ class ShardedRecipeState:
         full_state = gather_cpu_state_dict(self._model, key_filter=key_filter)
         with errors_on_all_ranks():  # the others wait for rank 0's write, and stop with it if it fails
             if dist.get_rank() == 0:
-                if self._adapter_config is None:
-                    payload = {MODEL_KEY: full_state}
-                else:
-                    payload = lora_checkpoint_payload(full_state, self._adapter_config, adapter_only=self._adapter_only)
                 self._checkpointer.save_checkpoint(
-                    payload, epoch=epochs_run, step=global_step, adapter_only=self._adapter_only, config=config
+                    self._payload(full_state),
+                    epoch=epochs_run,
+                    step=global_step,
+                    adapter_only=self._adapter_only,
+                    config=config,
                 )
 
     def restore(self, seed: int | None, logger: logging.Logger = log) -> tuple[int, int, int]:

@@ -20,9 +20,11 @@ import transformers
 from omegaconf import OmegaConf
 from torch import nn
 
+from tests._helpers import ListDataset
 from tune.config import ConfigError, ConfigProblem, RecipeError, read_recipe_info, validate_config
 from tune.config._training import (
     OPTIONAL_KEYS,
+    KeepDefault,
     apply_defaults,
     check_finetuning_schedule,
     check_model_converters,
@@ -33,6 +35,7 @@ from tune.config._training import (
     instantiate_tensor_parallel_plan,
     optional_key_tables,
     recipe_defaults,
+    table_problems,
     training_config_problems,
 )
 from tune.data import PackedDataset
@@ -592,17 +595,6 @@ def test_without_a_configured_plan_the_family_plan_is_used():
 # ------------------------------------------------------------------------------------------- the collator
 
 
-class _Samples(torch.utils.data.Dataset):
-    def __init__(self, samples):
-        self.samples = samples
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
-        return self.samples[i]
-
-
 SAMPLES = [
     {"tokens": [1, 10, 11], "labels": [1, 10, 11]},
     {"tokens": [1, 20, 21, 22, 23], "labels": [-100, 20, 21, 22, 23]},
@@ -610,14 +602,14 @@ SAMPLES = [
 
 
 def test_the_default_collator_off_cpu_pads_with_the_given_ids():
-    collate = instantiate_collate(None, _Samples(SAMPLES), padding_idx=7, ignore_idx=-5, device_type="cuda")
+    collate = instantiate_collate(None, ListDataset(SAMPLES), padding_idx=7, ignore_idx=-5, device_type="cuda")
     batch = collate(SAMPLES)
     assert batch["tokens"].tolist() == [[1, 10, 11, 7, 7], [1, 20, 21, 22, 23]]
     assert batch["labels"].tolist() == [[1, 10, 11, -5, -5], [-100, 20, 21, 22, 23]]
 
 
 def test_the_default_collator_on_cpu_is_padding_free():
-    collate = instantiate_collate(None, _Samples(SAMPLES), padding_idx=7, ignore_idx=-5, device_type="cpu")
+    collate = instantiate_collate(None, ListDataset(SAMPLES), padding_idx=7, ignore_idx=-5, device_type="cpu")
     batch = collate(SAMPLES)
     # one row of 3 + 5 tokens; each sample's first label is ignore_idx so no loss crosses from one to the next
     assert batch["tokens"].tolist() == [[1, 10, 11, 1, 20, 21, 22, 23]]
@@ -626,7 +618,7 @@ def test_the_default_collator_on_cpu_is_padding_free():
 
 
 def test_padded_collate_sft_on_a_packed_dataset_collates_packs():
-    packed = PackedDataset(_Samples(SAMPLES), max_seq_len=10)
+    packed = PackedDataset(ListDataset(SAMPLES), max_seq_len=10)
     collate = instantiate_collate("tune.data.padded_collate_sft", packed, padding_idx=0, ignore_idx=-100)
     batch = collate([packed[0]])
     assert sorted(batch) == ["input_pos", "labels", "mask", "tokens"]
@@ -635,14 +627,14 @@ def test_padded_collate_sft_on_a_packed_dataset_collates_packs():
 
 def test_padded_collate_packed_on_an_unpacked_dataset_is_a_config_error_at_collate_fn():
     with pytest.raises(ConfigError) as info:
-        instantiate_collate("tune.data.padded_collate_packed", _Samples(SAMPLES), padding_idx=0, ignore_idx=-100)
+        instantiate_collate("tune.data.padded_collate_packed", ListDataset(SAMPLES), padding_idx=0, ignore_idx=-100)
     (problem,) = info.value.problems
     assert (problem.key, problem.value) == ("collate_fn", "tune.data.padded_collate_packed")
     assert "needs a packed dataset" in problem.message
 
 
 def test_a_mix_of_packed_and_unpacked_datasets_is_a_config_error_at_collate_fn():
-    mixed = torch.utils.data.ConcatDataset([PackedDataset(_Samples(SAMPLES), max_seq_len=10), _Samples(SAMPLES)])
+    mixed = torch.utils.data.ConcatDataset([PackedDataset(ListDataset(SAMPLES), max_seq_len=10), ListDataset(SAMPLES)])
     with pytest.raises(ConfigError) as info:
         instantiate_collate(None, mixed, padding_idx=0, ignore_idx=-100)
     assert info.value.problems[0].key == "collate_fn" and "mixes packed and unpacked" in str(info.value)
@@ -650,25 +642,25 @@ def test_a_mix_of_packed_and_unpacked_datasets_is_a_config_error_at_collate_fn()
 
 def test_a_collate_fn_that_does_not_import_is_a_config_error():
     with pytest.raises(ConfigError) as info:
-        instantiate_collate("tune.data.padded_colate_sft", _Samples(SAMPLES), padding_idx=0, ignore_idx=-100)
+        instantiate_collate("tune.data.padded_colate_sft", ListDataset(SAMPLES), padding_idx=0, ignore_idx=-100)
     assert info.value.problems[0].key == "collate_fn"
 
 
 def test_a_component_node_builds_a_collator_class(components):
     node = OmegaConf.create({"_component_": f"{components}.FixedLengthCollator", "length": 16})
-    collate = instantiate_collate(node, _Samples(SAMPLES), padding_idx=0, ignore_idx=-100)
+    collate = instantiate_collate(node, ListDataset(SAMPLES), padding_idx=0, ignore_idx=-100)
     assert type(collate).__name__ == "FixedLengthCollator" and collate.length == 16
     assert collate(SAMPLES) == {"num_samples": 2, "length": 16}  # used as built: no ids bound, no pack switch
 
 
 def test_padding_free_collate_gets_max_seq_len():
     collate = instantiate_collate(
-        "tune.data.padding_free_collate", _Samples(SAMPLES), padding_idx=0, ignore_idx=-100, max_seq_len=6
+        "tune.data.padding_free_collate", ListDataset(SAMPLES), padding_idx=0, ignore_idx=-100, max_seq_len=6
     )
     # 3 + 5 tokens do not fit in one row of 6: the padded fallback
     assert collate(SAMPLES)["tokens"].shape == (2, 5)
     collate = instantiate_collate(
-        "tune.data.padding_free_collate", _Samples(SAMPLES), padding_idx=0, ignore_idx=-100, max_seq_len=8
+        "tune.data.padding_free_collate", ListDataset(SAMPLES), padding_idx=0, ignore_idx=-100, max_seq_len=8
     )
     assert collate(SAMPLES)["tokens"].shape == (1, 8)
 
@@ -676,17 +668,89 @@ def test_padding_free_collate_gets_max_seq_len():
 def test_the_cpu_hint_is_logged_for_a_configured_padded_collator_only(caplog):
     with caplog.at_level(logging.INFO, logger="tune"):
         instantiate_collate(
-            "tune.data.padded_collate_sft", _Samples(SAMPLES), padding_idx=0, ignore_idx=-100, device_type="cpu"
+            "tune.data.padded_collate_sft", ListDataset(SAMPLES), padding_idx=0, ignore_idx=-100, device_type="cpu"
         )
     assert "tune.data.padding_free_collate puts each batch in one row" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tune"):
-        instantiate_collate(None, _Samples(SAMPLES), padding_idx=0, ignore_idx=-100, device_type="cpu")
+        instantiate_collate(None, ListDataset(SAMPLES), padding_idx=0, ignore_idx=-100, device_type="cpu")
         instantiate_collate(
-            "tune.data.padded_collate_sft", _Samples(SAMPLES), padding_idx=0, ignore_idx=-100, device_type="cuda"
+            "tune.data.padded_collate_sft", ListDataset(SAMPLES), padding_idx=0, ignore_idx=-100, device_type="cuda"
         )
         instantiate_collate(
-            "tune.data.padding_free_collate", _Samples(SAMPLES), padding_idx=0, ignore_idx=-100, device_type="cpu"
+            "tune.data.padding_free_collate", ListDataset(SAMPLES), padding_idx=0, ignore_idx=-100, device_type="cpu"
         )
     assert "padding_free_collate puts each batch" not in caplog.text
     assert "collate_fn: null -> tune.data.padding_free_collate on cpu" in caplog.text  # what the default chose
+
+
+# --------------------------------------------------------------------------- KeepDefault and the "grpo" table
+
+GRPO_RECIPE = REPO / "recipes" / "grpo_full_finetune_distributed.py"
+GRPO_CONFIG = REPO / "configs" / "qwen3" / "4B_full_grpo.yaml"
+
+
+def _grpo_cfg(**values):
+    """A GRPO config as the distributed GRPO recipe sees it: the "finetune", "distributed" and "grpo" defaults."""
+    reward = {"_component_": "tune.rlhf.AnswerReward"}
+    required = {"grpo_samples": 4, "forward_batch_size": 4, "max_generated_tokens": 8, "reward_functions": [reward]}
+    cfg = OmegaConf.create({**required, **values})
+    apply_defaults(cfg, ["finetune", "distributed", "grpo"])
+    return cfg
+
+
+def test_keep_default_refuses_any_value_but_the_tables_default():
+    tables = ["finetune", "distributed", "grpo"]
+    unsupported = {
+        "tensor_parallel_dim": KeepDefault("this recipe shards with FSDP2 only"),
+        "gradient_accumulation_steps": KeepDefault("nothing to accumulate"),
+        "compile": "shapes change",
+    }
+    check_training_config(_grpo_cfg(tensor_parallel_dim=1), tables=tables, unsupported=unsupported)  # the default
+    with pytest.raises(ConfigError) as info:
+        check_training_config(
+            _grpo_cfg(tensor_parallel_dim=2, gradient_accumulation_steps=4), tables=tables, unsupported=unsupported
+        )
+    assert [str(p) for p in info.value.problems] == [
+        "tensor_parallel_dim = 2: must be 1 in this recipe (this recipe shards with FSDP2 only); set it to 1 or "
+        "remove it",
+        "gradient_accumulation_steps = 4: must be 1 in this recipe (nothing to accumulate); set it to 1 or remove it",
+    ]
+    # a plain reason still refuses anything but null or False
+    with pytest.raises(ConfigError, match="compile = True: is not supported by this recipe"):
+        check_training_config(_grpo_cfg(compile=True), tables=tables, unsupported=unsupported)
+
+
+def test_keep_default_of_a_key_no_table_has_is_the_recipes_mistake():
+    with pytest.raises(ValueError, match="keeps the default of 'tensor_parallel_dim', which none of the tables"):
+        check_training_config(_training_cfg(), unsupported={"tensor_parallel_dim": KeepDefault("why")})
+
+
+def test_grpo_table_fills_its_defaults_and_checks_its_keys_all_at_once():
+    cfg = _grpo_cfg()
+    assert {k: cfg[k] for k in OPTIONAL_KEYS["grpo"]} == OPTIONAL_KEYS["grpo"]
+    assert cfg.ppo_epochs == 1 and cfg.gradient_accumulation_steps == 1 and cfg.reward_weights is None
+    check_training_config(cfg, tables=["finetune", "distributed", "grpo"])
+    bad = _grpo_cfg(grpo_samples=1, forward_batch_size=0, ppo_epochs=True, reward_weights=[1.0, 2.0])
+    del bad["max_generated_tokens"]
+    assert [(p.key, p.message) for p in table_problems(bad, ["finetune", "grpo"])] == [
+        ("grpo_samples", "must be an integer >= 2"),
+        ("ppo_epochs", "must be an integer >= 1"),
+        ("forward_batch_size", "must be an integer >= 1"),
+        ("max_generated_tokens", "must be an integer >= 1"),
+        ("reward_weights", "has 2 entries for 1 reward functions: one each, or null for 1 each"),
+    ]
+    assert table_problems(bad, ["finetune"]) == []  # the checks belong to the "grpo" table
+    (problem,) = table_problems(_grpo_cfg(reward_functions=[]), ["grpo"])
+    assert problem.key == "reward_functions" and problem.message.startswith("must be a non-empty list")
+    (problem,) = table_problems(_grpo_cfg(reward_weights=0.5), ["grpo"])
+    assert problem.key == "reward_weights" and "must be a list of one weight per reward function" in problem.message
+
+
+def test_validate_runs_the_grpo_checks_of_a_grpo_recipe():
+    assert validate_config(GRPO_CONFIG, GRPO_RECIPE) == []
+    problems = validate_config(GRPO_CONFIG, GRPO_RECIPE, ["grpo_samples=1", "reward_weights=[1.0]"])
+    assert [(p.key, p.message) for p in problems] == [
+        ("grpo_samples", "must be an integer >= 2"),
+        ("reward_weights", "has 1 entries for 2 reward functions: one each, or null for 1 each"),
+    ]

@@ -3,7 +3,16 @@
 import pytest
 import torch
 
-from tune.rlhf import AnswerReward, FormatReward, extract_answer, normalize_answer, reward_name, score_completions
+from tune.rlhf import (
+    DATASET_INDEX_KEY,
+    AnswerReward,
+    FormatReward,
+    WeightedRewards,
+    extract_answer,
+    normalize_answer,
+    reward_name,
+    score_completions,
+)
 
 
 @pytest.mark.parametrize(
@@ -74,3 +83,38 @@ def test_score_completions_weighs_and_checks():
             return [1.0, 2.0, 3.0]
 
         score_completions([bad], ["q"], ["a"], {})
+
+
+def test_weighted_rewards_score_each_rows_group_with_its_columns():
+    seen = {}
+
+    def answer_length(prompts, completions, **fields):  # records what a user's reward receives
+        seen.update(prompts=prompts, fields=fields)
+        return [float(len(a)) for a in fields["answer"]]
+
+    rewards = WeightedRewards([AnswerReward(), answer_length], [1.0, 0.5])
+    assert rewards.names == ["answer", "answer_length"] and repr(rewards) == "answer x 1, answer_length x 0.5"
+    rows = [
+        {"tokens": [1, 2], "prompt": "1 + 2 =", "answer": "3", DATASET_INDEX_KEY: 4},
+        {"tokens": [3], "prompt": "5 + 5 =", "answer": "10", DATASET_INDEX_KEY: 0},
+    ]
+    total, per_function = rewards.score(rows, ["3", "4", "10", "1"], group_size=2)
+    torch.testing.assert_close(per_function, torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 2.0], [0.0, 2.0]]))
+    torch.testing.assert_close(total, torch.tensor([1.5, 0.5, 2.0, 1.0]))
+    # a row's prompt and columns once per completion; its tokens and dataset index are not reward columns
+    assert seen == {
+        "prompts": ["1 + 2 =", "1 + 2 =", "5 + 5 =", "5 + 5 ="],
+        "fields": {"answer": ["3", "3", "10", "10"]},
+    }
+    assert WeightedRewards([answer_length]).weights == [1.0]
+    with pytest.raises(ValueError, match="4 completions for 1 prompts of 2 completions each"):
+        rewards.score(rows[:1], ["a"] * 4, group_size=2)
+
+
+def test_weighted_rewards_refuse_what_cannot_be_scored():
+    with pytest.raises(ValueError, match="no reward functions"):
+        WeightedRewards([])
+    with pytest.raises(ValueError, match="reward function 1 is a str, not a callable"):
+        WeightedRewards([AnswerReward(), "my_rewards.length"])
+    with pytest.raises(ValueError, match="2 weights for 1 reward functions"):
+        WeightedRewards([AnswerReward()], [1.0, 2.0])

@@ -161,7 +161,8 @@ def test_a_lora_run_shards_only_its_adapters_and_writes_the_adapter_and_merged_m
     for key in expected:
         torch.testing.assert_close(merged[key], expected[key], rtol=0, atol=0, msg=key)
     # the torchtune-format checkpointer writes the adapter and its config beside the model, under adapter/
-    assert sorted(path.name for path in (output / "adapter").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    adapter_files = sorted(path.name for path in (output / "adapter").iterdir())
+    assert adapter_files == ["adapter_config.json", "adapter_model.safetensors"]
 
 
 def test_the_last_step_writes_the_output_and_no_sharded_state(tmp_path, process_group):
