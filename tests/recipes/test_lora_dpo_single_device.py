@@ -310,8 +310,15 @@ def test_precomputed_reference_log_probs_train_as_the_reference_pass(tiny_assets
         runs[name] = _records(out)
     precomputed, every_step = runs["precomputed"], runs["every_step"]
     assert sorted(precomputed) == sorted(every_step) == list(range(1, NUM_STEPS + 1))
+    # at step 1 the policy is the reference (the starting adapter's B is zero): every reward is 0 up to rounding,
+    # and a batching that rounds differently flips rewards/accuracies (0.5 on one CPU, 0.0 on another). The code
+    # determines the rewards there, not their sign, so the rewards are checked and the accuracy is not
+    for run in (precomputed, every_step):
+        assert max(abs(run[1]["rewards/chosen"]), abs(run[1]["rewards/rejected"])) < 1e-6
     for step, record in precomputed.items():
         for key in ("loss", *METRICS):
+            if step == 1 and key == "rewards/accuracies":
+                continue
             assert record[key] == pytest.approx(every_step[step][key], abs=1e-6, rel=0), (step, key)
     assert precomputed[NUM_STEPS]["loss"] != precomputed[1]["loss"]
 

@@ -5,9 +5,9 @@ byte for byte: in Python, the tokens of ``torchtune`` dotted names in imports an
 are whole dotted paths (``"torchtune.models.llama3_2.llama3_2_1b"``); in YAML, the scalars that are dotted paths
 (``_component_: torchtune.datasets.alpaca_dataset``), found with PyYAML's scanner. A name tune has under another
 path (:data:`RENAMES`) is written under its new one; every other name only loses the ``torch`` of its prefix.
-Names that need a person (no equivalent in tune, or a deliberate difference) are read from the "Public API" table
-of docs/migrating.md and reported with their file and line. A migrated file holds no ``torchtune`` name, so a
-second run changes nothing.
+Names that need a person (no equivalent in tune, or a deliberate difference) are read from the "Public API"
+and "Module paths" tables of docs/migrating.md and reported with their file, line and section. A run's output
+folders are skipped. A migrated file holds no ``torchtune`` name, so a second run changes nothing.
 """
 
 import argparse
@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import difflib
 import io
+import os
 import re
 import sys
 import tokenize
@@ -33,6 +34,8 @@ RENAMES: dict[str, str] = {
     # torchtune's recipes import these from private modules; tune has them public
     "torchtune.config._utils._get_component_from_path": "tune.config.get_component_from_path",
     "torchtune.modules.common_utils": "tune.modules",
+    # torchtune before 0.5 had its tokenizer classes here (0.5 moved them under modules.transforms)
+    "torchtune.modules.tokenizers": "tune.modules.transforms.tokenizers",
 }
 # Config keys: none renamed. tune's recipes read torchtune's keys; a torchtune QAT `quantizer:` entry is read as a
 # `model_converters:` entry when the file is loaded (tune/config/_load.py), so configs keep it.
@@ -40,7 +43,16 @@ RENAMES: dict[str, str] = {
 # the statuses of the "Public API" table of docs/migrating.md
 STATUSES = ("different", "not offered", "pending issue 17", "pending issue 18")
 TABLE_HEADER = ("torchtune name", "status", "why", "what you do")
+# the sections of docs/migrating.md whose tables `tune migrate` reports from, and the one that explains module paths
+API_SECTION = "Public API"
+MODULES_SECTION = "Module paths"
+DOC = "docs/migrating.md"
 SUFFIXES = (".py", ".yaml", ".yml")
+# A run's output (checkpoints, the saved config, logs) is left alone: a folder of these names, or one holding a
+# file that only a run writes, is neither scanned nor rewritten unless it is given as a PATH itself.
+RUN_OUTPUT_DIRS = ("output", "outputs")
+RUN_OUTPUT_FILES = (".complete", "recipe_state.pt", "torchtune_config.yaml")
+RUN_OUTPUT_SUFFIXES = (".safetensors",)
 
 _DOTTED = re.compile(r"torchtune(?:\.[A-Za-z_]\w*)+")
 _PACKAGE_DIR = Path(tune.__file__).resolve().parent
@@ -58,6 +70,7 @@ class Row:
     status: str
     why: str
     todo: str
+    section: str = API_SECTION
 
 
 @dataclasses.dataclass
@@ -279,18 +292,30 @@ def table_path() -> Path | None:
     return None
 
 
-def read_api_table(text: str) -> dict[str, Row]:
-    """The rows of the "Public API" section's table, by torchtune name (backticks removed).
+def anchor(heading: str) -> str:
+    """The link anchor of a Markdown heading as GitHub writes it: ``"Module paths"`` -> ``"module-paths"``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def read_api_table(text: str, sections: tuple[str, ...] = (API_SECTION,)) -> dict[str, Row]:
+    """The rows of the tables of docs/migrating.md's ``sections`` (default: "Public API"), by torchtune name
+    (backticks removed); each row records the section it is in.
 
     Raises:
         ValueError: no such section or table, a row with the wrong number of cells, or a name listed twice.
     """
-    section = re.search(r"^## Public API\s*$(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
-    if section is None:
-        raise ValueError("no '## Public API' section")
     rows: dict[str, Row] = {}
+    for title in sections:
+        section = re.search(rf"^## {re.escape(title)}\s*$(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+        if section is None:
+            raise ValueError(f"no '## {title}' section")
+        _read_table(section.group(1), title, rows)
+    return rows
+
+
+def _read_table(text: str, title: str, rows: dict[str, Row]) -> None:
     header = None
-    for number, line in enumerate(section.group(1).splitlines()):
+    for number, line in enumerate(text.splitlines()):
         if not line.startswith("|"):
             if header is not None:
                 break  # the end of the table
@@ -307,11 +332,11 @@ def read_api_table(text: str) -> dict[str, Row]:
             raise ValueError(f"row {line!r} has {len(cells)} cells, expected {len(TABLE_HEADER)}")
         name = cells[0].strip("`")
         if name in rows:
-            raise ValueError(f"{name} is listed twice (line {number + 1} of the section)")
-        rows[name] = Row(name, cells[1].strip("`"), cells[2].replace("\\|", "|"), cells[3].replace("\\|", "|"))
+            raise ValueError(f"{name} is listed twice (line {number + 1} of the '{title}' section)")
+        why, todo = cells[2].replace("\\|", "|"), cells[3].replace("\\|", "|")
+        rows[name] = Row(name, cells[1].strip("`"), why, todo, title)
     if header is None:
-        raise ValueError("the 'Public API' section has no table")
-    return rows
+        raise ValueError(f"the '{title}' section has no table")
 
 
 def _needs_a_person(migrated: Migrated, rows: dict[str, Row]) -> list[tuple[int, str]]:
@@ -325,12 +350,13 @@ def _needs_a_person(migrated: Migrated, rows: dict[str, Row]) -> list[tuple[int,
             prefix = ".".join(parts[:end])
             row = rows.get(prefix)
             if row is not None and not _is_renamed(prefix):
-                found[(line, f"{prefix} ({row.status}) — {row.why} — {row.todo}")] = None
+                see = f"see {DOC}#{anchor(row.section)}"
+                found[(line, f"{prefix} ({row.status}) — {row.why} — {row.todo} — {see}")] = None
                 listed_lines.add(line)
                 break
     for line, name, module_import in migrated.mentions:
         if module_import and line not in listed_lines and not _is_module(tune_name(name)):
-            found[(line, f"{name} — tune has no module {tune_name(name)} — see docs/migrating.md")] = None
+            found[(line, f"{name} — tune has no module {tune_name(name)} — see {DOC}#{anchor(MODULES_SECTION)}")] = None
     return sorted(found)
 
 
@@ -353,9 +379,11 @@ def add_parser(subparsers) -> None:
             "values such as `_component_`), and names tune has under another path are written under it. Nothing\n"
             "else changes: comments and formatting stay as they are, and a second run changes nothing. Prints the\n"
             "files changed, the rewrites by kind, and every place that needs a person (file:line: name — why —\n"
-            "what to do), from the table in docs/migrating.md. A directory is walked for .py, .yaml and .yml\n"
-            "files (hidden directories and __pycache__ skipped). Exit status 1 when a file could not be migrated\n"
-            "(each one is reported on one line; the others are migrated)."
+            "what to do — the section of docs/migrating.md to read). A directory is walked for .py, .yaml and\n"
+            ".yml files; hidden folders, __pycache__ and a run's output (a folder named output or outputs, or\n"
+            "one holding .complete, recipe_state.pt, torchtune_config.yaml or .safetensors files) are skipped,\n"
+            "each named on stderr. Exit status 1 when a file could not be migrated (each one is reported on one\n"
+            "line; the others are migrated)."
         ),
         formatter_class=HelpFormatter,
         epilog=examples(
@@ -378,10 +406,11 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output).expanduser() if args.output else None
     failed = 0
     jobs: list[tuple[Path, Path]] = []  # (file, where it is written)
+    skipped: list[tuple[Path, str]] = []
     for raw in args.paths:
         path = Path(raw).expanduser()
         if path.is_dir():
-            found = sorted(_walk(path, output))
+            found = sorted(_walk(path, output, skipped))
             jobs += [(f, output / f.relative_to(path) if output else f) for f in found]
         elif path.is_file() and path.suffix not in SUFFIXES:
             _error(raw, f"not a {', '.join(SUFFIXES)} file")
@@ -391,6 +420,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             _error(raw, "no such file or directory")
             failed += 1
+    for folder, reason in sorted(skipped):
+        print(f"tune migrate: skipped {folder}: {reason}; name it as a PATH to migrate it anyway", file=sys.stderr)
     rows, note = _rows()
     if note:
         print(f"note: {note}", file=sys.stderr)
@@ -448,16 +479,42 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _walk(root: Path, output: Path | None):
+def _walk(root: Path, output: Path | None, skipped: list[tuple[Path, str]]):
+    """The .py/.yaml/.yml files under ``root``, not entering hidden folders, ``__pycache__``, ``output`` and a run's
+    output folders below ``root`` (each one appended to ``skipped`` with the reason)."""
     skip = output.resolve() if output else None
-    for path in root.rglob("*"):
-        relative = path.relative_to(root).parts
-        if any(p.startswith(".") or p == "__pycache__" for p in relative[:-1]):
-            continue
-        if skip is not None and (path.resolve() == skip or skip in path.resolve().parents):
-            continue
-        if path.suffix in SUFFIXES and path.is_file():
-            yield path
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        kept = []
+        for name in sorted(dirs):
+            path = here / name
+            if name.startswith(".") or name == "__pycache__":
+                continue
+            if skip is not None and path.resolve() == skip:
+                continue
+            reason = _run_output(path)
+            if reason is not None:
+                skipped.append((path, reason))
+                continue
+            kept.append(name)
+        dirs[:] = kept  # os.walk enters only these
+        for name in sorted(files):
+            if Path(name).suffix in SUFFIXES and (here / name).is_file():
+                yield here / name
+
+
+def _run_output(folder: Path) -> str | None:
+    """Why ``folder`` is the output of a training run (so not a user's source), or None when it is not one."""
+    if folder.name in RUN_OUTPUT_DIRS:
+        return f"a run's output folder ({folder.name}/)"
+    try:
+        names = [entry.name for entry in os.scandir(folder) if entry.is_file()]
+    except OSError:
+        return None
+    for name in sorted(names):
+        if name in RUN_OUTPUT_FILES or name.endswith(RUN_OUTPUT_SUFFIXES):
+            return f"holds {name}, written by a run"
+    return None
 
 
 def _encoding(path: Path, data: bytes) -> str:
@@ -474,7 +531,7 @@ def _rows() -> tuple[dict[str, Row], str | None]:
     if path is None:
         return {}, "docs/migrating.md not found: places that need a person are not reported"
     try:
-        return read_api_table(path.read_text(encoding="utf-8")), None
+        return read_api_table(path.read_text(encoding="utf-8"), (API_SECTION, MODULES_SECTION)), None
     except (OSError, ValueError) as err:
         return {}, f"{path}: {err}: places that need a person are not reported"
 

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from tune.modules.loss import CEWithChunkedOutputLoss, LinearCrossEntropyLoss, shift_labels
+from tune.modules.loss import (
+    LOSS_REDUCTIONS,
+    CEWithChunkedOutputLoss,
+    LinearCrossEntropyLoss,
+    ReducedLoss,
+    loss_reduction,
+    shift_labels,
+)
 from tune.training._adapters import lora_checkpoint_payload
 from tune.training._compile import compile_loss
 from tune.training._loss_scaling import num_loss_tokens
@@ -202,27 +209,36 @@ def restore_progress(
 def prepare_loss(loss_fn: nn.Module, model: nn.Module, *, compile: bool = False, reduction: str = "sum") -> nn.Module:
     """Fits the configured loss to the model's output, the same way in every recipe.
 
-    tune's cross-entropy losses average over tokens by default (torchtune's meaning); the recipes normalise by
-    the token count of the whole step, so this asks them for ``reduction`` (the sum by default). A configured
-    ``CEWithChunkedOutputLoss`` (the name torchtune's configs use) becomes :class:`LinearCrossEntropyLoss` when
-    the model can skip its output projection: the same value, but the projection runs inside the loss one chunk
-    at a time, so full ``[tokens, vocab]`` logits never exist. A loss with ``set_model_output`` then takes over the
-    model's output layer. With ``compile`` the loss is compiled.
+    A loss declares what it returns in its ``reduction`` attribute (``tune.modules.loss.loss_reduction``): tune's
+    cross-entropy losses and ``nn.CrossEntropyLoss`` average over the non-ignored labels by default, and a loss
+    without the attribute (one written for torchtune) is read as such a mean. The recipes normalise by the token
+    count of the whole step, so they ask for ``reduction`` (the sum by default): tune's cross-entropy losses are
+    set to it, any other loss is wrapped in :class:`tune.modules.loss.ReducedLoss`, which multiplies its mean by
+    the number of labels not equal to its ``ignore_index`` (-100 when it has none). A torchtune loss thus gives
+    torchtune's logged loss and gradients.
+
+    A configured ``CEWithChunkedOutputLoss`` (the name torchtune's configs use) becomes
+    :class:`LinearCrossEntropyLoss` when the model can skip its output projection: the same value, but the
+    projection runs inside the loss one chunk at a time, so full ``[tokens, vocab]`` logits never exist. A loss
+    with ``set_model_output`` then takes over the model's output layer. With ``compile`` the loss is compiled.
 
     Args:
         loss_fn (nn.Module): the loss as configured.
         model (nn.Module): the model it scores.
         compile (bool): compile the loss (``tune.training.compile_loss``).
-        reduction (str): ``"sum"`` (what the recipes' step normalisation expects) or ``"mean"``; set on tune's
-            cross-entropy losses, other losses are left as configured.
+        reduction (str): ``"sum"`` (what the recipes' step normalisation expects) or ``"mean"``.
 
     Returns:
-        nn.Module: the loss to call as ``loss_fn(model_outputs, labels)``.
+        nn.Module: the loss to call as ``loss_fn(model_outputs, labels)``; it returns ``reduction``.
+
+    Raises:
+        ValueError: for a ``reduction`` other than ``"sum"`` or ``"mean"``, asked for or declared by the loss.
     """
+    if reduction not in LOSS_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}; received {reduction!r}.")
+    declared = loss_reduction(loss_fn)
     if isinstance(loss_fn, (CEWithChunkedOutputLoss, LinearCrossEntropyLoss)):
-        if reduction not in ("sum", "mean"):
-            raise ValueError(f"reduction must be 'sum' or 'mean'; received {reduction!r}.")
-        loss_fn.reduction = reduction
+        loss_fn.reduction = declared = reduction
     if isinstance(loss_fn, CEWithChunkedOutputLoss) and hasattr(model, "skip_output_layer"):
         loss_fn = LinearCrossEntropyLoss(loss_fn.num_output_chunks, loss_fn.ignore_index, loss_fn.reduction)
         log.info("loss: CEWithChunkedOutputLoss runs as LinearCrossEntropyLoss (same values, no full logits).")
@@ -230,6 +246,8 @@ def prepare_loss(loss_fn: nn.Module, model: nn.Module, *, compile: bool = False,
         loss_fn.set_model_output(model)  # the model now returns hidden states; the loss projects them
     if compile:
         compile_loss(loss_fn)
+    if declared != reduction:
+        loss_fn = ReducedLoss(loss_fn, from_reduction=declared, reduction=reduction)
     return loss_fn
 
 

@@ -1,5 +1,6 @@
 """`tune migrate PATH... [--output DIR] [--dry-run]` (tune/_cli/_migrate.py)."""
 
+import re
 import zipfile
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 
 from tests.recipes import test_torchtune_published_configs as published
 from tests.recipes.test_torchtune_published_configs import torchtune_wheel  # noqa: F401 - the session fixture
-from tune._cli._migrate import read_api_table, table_path
+from tune._cli._migrate import API_SECTION, MODULES_SECTION, read_api_table, table_path
 
 # a torchtune user's script and config, written for these tests
 SCRIPT = '''\
@@ -129,7 +130,7 @@ def test_reports_names_of_the_migration_table_with_file_and_line(tune, project):
     assert code == 0
     assert (
         f"  {project / 'train.py'}:8: torchtune.modules.loss.ForwardKLLoss ({row.status}) — {row.why} — {row.todo}"
-        in out
+        " — see docs/migrating.md#public-api" in out
     )
     # a name `tune migrate` rewrites (_get_component_from_path) is not a place that needs a person; a module tune
     # lacks is
@@ -162,6 +163,110 @@ def test_errors_are_one_line_each_and_the_other_files_are_migrated(tune, project
     assert (project / "train.py").read_text() == SCRIPT_MIGRATED
     assert (project / "broken.py").read_text() == "import torchtune\ndef f(:\n"
     assert "; 5 could not be migrated" in out.splitlines()[0]
+
+
+def test_torchtune_modules_tokenizers_becomes_the_path_tune_has(tune, tmp_path):
+    # torchtune before 0.5 kept its tokenizer classes in torchtune.modules.tokenizers; tune has them (as torchtune
+    # 0.6 has) under modules.transforms.tokenizers. Before: rewritten to tune.modules.tokenizers, which tune lacks.
+    script = tmp_path / "tok.py"
+    script.write_text(
+        "from torchtune.modules.tokenizers import SentencePieceBaseTokenizer\n"
+        "import torchtune.modules.tokenizers as toks\n"
+        "base = torchtune.modules.tokenizers.TikTokenBaseTokenizer\n"
+    )
+    config = tmp_path / "tok.yaml"
+    config.write_text("tokenizer:\n  _component_: torchtune.modules.tokenizers.SentencePieceBaseTokenizer\n")
+    code, out, err = tune("migrate", str(script), str(config))
+    assert code == 0, err
+    assert script.read_text() == (
+        "from tune.modules.transforms.tokenizers import SentencePieceBaseTokenizer\n"
+        "import tune.modules.transforms.tokenizers as toks\n"
+        "base = tune.modules.transforms.tokenizers.TikTokenBaseTokenizer\n"
+    )
+    assert config.read_text() == (
+        "tokenizer:\n  _component_: tune.modules.transforms.tokenizers.SentencePieceBaseTokenizer\n"
+    )
+    assert "need" not in out  # every name has a place in tune: nothing for a person to do
+    from tune.config import get_component_from_path
+
+    assert get_component_from_path("tune.modules.transforms.tokenizers.SentencePieceBaseTokenizer").__name__ == (
+        "SentencePieceBaseTokenizer"
+    )
+
+
+def test_run_output_folders_are_neither_scanned_nor_rewritten(tune, project):
+    # Before: every .yaml/.py below the PATH was read, a run's saved config rewritten, and a broken file in an
+    # output folder made the whole command fail.
+    saved = "model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n"
+    runs = {
+        "output": "output/lora/torchtune_config.yaml",  # torchtune's output_dir, by name
+        "outputs": "outputs/run1/config.yaml",
+        "runs/step_4": "runs/step_4/config.yaml",  # a tune checkpoint: has a .complete marker
+        "hf_export": "hf_export/config.yaml",  # safetensors shards
+        "tt_run": "tt_run/torchtune_config.yaml",  # torchtune's saved config
+    }
+    for relative in runs.values():
+        (project / relative).parent.mkdir(parents=True, exist_ok=True)
+        (project / relative).write_text(saved)
+    (project / "output" / "broken.yaml").write_text("model: [torchtune.x\n")  # would be an error if read
+    (project / "runs" / "step_4" / ".complete").write_text("{}")
+    (project / "hf_export" / "model-00001-of-00002.safetensors").write_bytes(b"")
+    nested = project / "runs" / "step_4" / "inner"
+    nested.mkdir()
+    (nested / "x.yaml").write_text(saved)  # below a skipped folder: not reached either
+
+    code, out, err = tune("migrate", str(project))
+    assert code == 0, err
+    for relative in [*runs.values(), "runs/step_4/inner/x.yaml"]:
+        assert (project / relative).read_text() == saved, relative
+    assert (project / "configs" / "my.yaml").read_text() == CONFIG_MIGRATED  # the project itself is migrated
+    assert out.splitlines()[0].startswith("tune migrate: changed 2 of 3 files")
+    assert err.splitlines() == [
+        f"tune migrate: skipped {project / 'hf_export'}: holds model-00001-of-00002.safetensors, written by a run; "
+        "name it as a PATH to migrate it anyway",
+        f"tune migrate: skipped {project / 'output'}: a run's output folder (output/); name it as a PATH to migrate "
+        "it anyway",
+        f"tune migrate: skipped {project / 'outputs'}: a run's output folder (outputs/); name it as a PATH to "
+        "migrate it anyway",
+        f"tune migrate: skipped {project / 'runs' / 'step_4'}: holds .complete, written by a run; name it as a "
+        "PATH to migrate it anyway",
+        f"tune migrate: skipped {project / 'tt_run'}: holds torchtune_config.yaml, written by a run; name it as a "
+        "PATH to migrate it anyway",
+    ]
+    # named as a PATH, an output folder is migrated
+    code, _, err = tune("migrate", str(project / "outputs"))
+    assert code == 0, err
+    assert "tune.models" in (project / "outputs" / "run1" / "config.yaml").read_text()
+
+
+def _headings(text: str) -> set[str]:
+    # GitHub's anchors: lower case, punctuation other than '-' dropped, spaces to '-'
+    return {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in text.splitlines()
+        if line.startswith("#")
+    }
+
+
+def test_every_line_that_needs_a_person_points_to_a_section_that_exists(tune, tmp_path):
+    doc = table_path().read_text(encoding="utf-8")
+    rows = read_api_table(doc, (API_SECTION, MODULES_SECTION))
+    assert {row.section for row in rows.values()} == {API_SECTION, MODULES_SECTION}
+    # every name of both tables, and a module tune does not have
+    script = tmp_path / "uses_everything.py"
+    script.write_text("".join(f"x = '{name}'\n" for name in rows) + "import torchtune.no_such_module\n")
+    code, out, err = tune("migrate", str(script), "--dry-run")
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith(f"  {script}:")]
+    assert len(lines) == len(rows) + 1
+    anchors = set()
+    for line in lines:
+        found = re.search(r" — see docs/migrating\.md#([\w-]+)$", line)
+        assert found, f"no section named: {line}"
+        anchors.add(found.group(1))
+    # Before: no line named a section; the Module paths table was not read
+    assert anchors == {"public-api", "module-paths"}
+    assert anchors <= _headings(doc)
 
 
 def test_help_names_the_options(tune):

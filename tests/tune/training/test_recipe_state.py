@@ -393,11 +393,63 @@ def test_a_linear_cross_entropy_loss_takes_over_the_output_layer():
     assert model.skip_output_layer is True and loss_fn.linear_projection is model.output
 
 
-def test_a_plain_loss_on_logits_is_kept_and_the_model_returns_logits():
+def test_a_plain_sum_loss_on_logits_is_kept_and_the_model_returns_logits():
     model = _tiny_model(False)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
     assert prepare_loss(loss_fn, model) is loss_fn
     assert model.skip_output_layer is False
+
+
+class _TorchtuneMeanLoss(nn.Module):
+    """A loss written for torchtune: the mean over scored tokens of [b, s, v] logits, no ``reduction`` declared."""
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
+
+
+class _FlatCrossEntropy(nn.CrossEntropyLoss):
+    """``nn.CrossEntropyLoss`` on [b, s, v] logits (it wants [b, v, s]), its ``reduction`` kept."""
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return super().forward(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+@pytest.mark.parametrize(
+    "make_loss",
+    [_TorchtuneMeanLoss, _FlatCrossEntropy, lambda: _FlatCrossEntropy(reduction="sum")],
+    ids=["undeclared-mean", "torch-mean", "torch-sum"],
+)
+def test_every_loss_gives_the_recipes_the_sum_and_its_gradient(make_loss):
+    # the recipes divide what the prepared loss returns by the step's token count: a mean must come back as a
+    # sum, or the logged loss and the gradients shrink by the number of tokens (11 here)
+    model = _tiny_model(False)
+    tokens, labels = _tokens_and_labels()
+    reference_model = _tiny_model(False)
+    reference = F.cross_entropy(reference_model(tokens).reshape(-1, 32), _shift(labels).reshape(-1),
+                                ignore_index=IGNORE, reduction="sum")  # fmt: skip
+    reference.backward()
+
+    loss = prepare_loss(make_loss(), model, reduction="sum")(model(tokens), _shift(labels))
+    loss.backward()
+    assert int((_shift(labels) != IGNORE).sum()) == 11
+    torch.testing.assert_close(loss, reference, rtol=1e-6, atol=1e-5)
+    for (name, param), ref_param in zip(model.named_parameters(), reference_model.parameters()):
+        torch.testing.assert_close(param.grad, ref_param.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_mean_is_asked_for_and_a_sum_declared_gives_the_mean():
+    model = _tiny_model(False)
+    tokens, labels = _tokens_and_labels()
+    with torch.no_grad():
+        logits = model(tokens)
+        loss = prepare_loss(_FlatCrossEntropy(reduction="sum"), model, reduction="mean")(logits, _shift(labels))
+    reference = F.cross_entropy(logits.reshape(-1, 32), _shift(labels).reshape(-1), ignore_index=IGNORE)
+    torch.testing.assert_close(loss, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_a_loss_with_reduction_none_is_refused_before_training():
+    with pytest.raises(ValueError, match="CrossEntropyLoss.reduction is 'none'; a training loss returns one number"):
+        prepare_loss(nn.CrossEntropyLoss(reduction="none"), _tiny_model(False))
 
 
 # --------------------------------------------------------------------------------- activation offloading

@@ -144,6 +144,11 @@ class _KLLoss(nn.Module):
         super().__init__()
         self.ignore_index = ignore_index
 
+    @property
+    def reduction(self) -> str:
+        """``"mean"``: what ``forward`` returns by default (``normalize=False`` gives the sum); read-only."""
+        return "mean"
+
     def _per_token(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -265,6 +270,11 @@ class _ChunkedKLLoss(nn.Module):
         _check_chunks(num_output_chunks)
         self.num_output_chunks = num_output_chunks
         self.ignore_index = ignore_index
+
+    @property
+    def reduction(self) -> str:
+        """``"mean"``: what ``forward`` returns by default (``normalize=False`` gives the sum); read-only."""
+        return "mean"
 
     def _per_token(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
