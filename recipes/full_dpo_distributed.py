@@ -198,6 +198,8 @@ class FullDPORecipeDistributed:
         reference = "no reference model" if self._reference_free else "reference: the frozen ref_checkpointer model"
         log_info("Loss: %s (%s).", config.component_name(cfg.loss), reference)
         self._tokenizer = config.instantiate(cfg.tokenizer)
+        # counts each step's loss tokens: an epoch without any is an error, not a saved untrained model
+        self._loss_tokens = training.LossTokenCounter(max_seq_len=getattr(self._tokenizer, "max_seq_len", None))
         self._optimizer = config.instantiate(cfg.optimizer, self._model.parameters())
         self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
@@ -415,7 +417,10 @@ class FullDPORecipeDistributed:
                 # every pair of the step on every rank weighs the same: the pairs are counted on the CPU batches
                 # and summed over the ranks (a collective, no host-device sync)
                 num_pairs = sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches)
-                loss_scale = training.step_loss_scale(torch.tensor(num_pairs, device=device))
+                num_tokens = sum(training.num_loss_tokens(labels) for _, labels, _ in micro_batches)
+                loss_scale = self._loss_tokens.step_loss_scale(
+                    torch.tensor(num_pairs, device=device), num_loss_tokens=num_tokens.to(device)
+                )
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
                     throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
@@ -460,6 +465,7 @@ class FullDPORecipeDistributed:
                 if end_of_epoch:
                     self.epochs_run = epoch + 1
                 if end_of_epoch or (self._save_every_n_steps and self.global_step % self._save_every_n_steps == 0):
+                    self._loss_tokens.check(epoch, end_of_epoch)  # reads the token counts: a save syncs anyway
                     self.save_checkpoint(epoch)
                     throughput.reset()
                 self._profiler.step()

@@ -119,6 +119,8 @@ class FullFinetuneRecipeSingleDevice:
         self._model_converters = config.instantiate(cfg.model_converters) or []
         self._model = self._setup_model(cfg.model, ckpt[training.MODEL_KEY])
         self._tokenizer = config.instantiate(cfg.tokenizer)
+        # counts each step's loss tokens: an epoch without any is an error, not a saved untrained model
+        self._loss_tokens = training.LossTokenCounter(max_seq_len=getattr(self._tokenizer, "max_seq_len", None))
         self._optimizer = self._setup_optimizer(cfg.optimizer)
         training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
         self._loss_fn = training.prepare_loss(
@@ -261,7 +263,7 @@ class FullFinetuneRecipeSingleDevice:
             for _ in range(steps_done, self._steps_per_epoch):
                 micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
                 # counted on the CPU batches before they move to the device: no host-device sync
-                loss_scale = training.step_loss_scale(
+                loss_scale = self._loss_tokens.step_loss_scale(
                     sum(training.num_loss_tokens(shift_labels(b["labels"])) for b in micro_batches)
                 )
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
@@ -307,6 +309,7 @@ class FullFinetuneRecipeSingleDevice:
                     for line in self._finetuning_schedule.step(self.global_step, self.epochs_run, val_loss) or []:
                         log.info(line)
                 if end_of_epoch or (self._save_every_n_steps and self.global_step % self._save_every_n_steps == 0):
+                    self._loss_tokens.check(epoch, end_of_epoch)  # reads the token counts: a save syncs anyway
                     self.save_checkpoint(epoch)
                     throughput.reset()
                 self._profiler.step()

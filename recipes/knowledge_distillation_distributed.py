@@ -174,6 +174,8 @@ class KDRecipeDistributed:
         self._teacher_model = self._setup_teacher_model(cfg, teacher_ckpt[training.MODEL_KEY])
         del teacher_ckpt
         self._tokenizer = config.instantiate(cfg.tokenizer)
+        # counts each step's loss tokens: an epoch without any is an error, not a saved untrained model
+        self._loss_tokens = training.LossTokenCounter(max_seq_len=getattr(self._tokenizer, "max_seq_len", None))
         self._optimizer = config.instantiate(cfg.optimizer, self._trainable_params())
         training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
         with config.errors_at("loss"):  # the sums over loss tokens, computed on the student's logits
@@ -382,7 +384,7 @@ class KDRecipeDistributed:
                 micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
                 # counted on the CPU batches, summed over all ranks (a collective, no host-device sync)
                 num_tokens = sum(training.num_loss_tokens(shift_labels(b["labels"])) for b in micro_batches)
-                loss_scale = training.step_loss_scale(num_tokens.to(device))
+                loss_scale = self._loss_tokens.step_loss_scale(num_tokens.to(device))
                 step_losses = torch.zeros(3, dtype=torch.float32, device=device)  # mixed, ce, kd
                 for batch_index, batch in enumerate(micro_batches):
                     throughput.update(training.count_tokens(batch["tokens"], self._tokenizer.pad_id))
@@ -430,6 +432,7 @@ class KDRecipeDistributed:
                     for line in self._finetuning_schedule.step(self.global_step, self.epochs_run, val_loss) or []:
                         log_info(line)
                 if end_of_epoch or (self._save_every_n_steps and self.global_step % self._save_every_n_steps == 0):
+                    self._loss_tokens.check(epoch, end_of_epoch)  # reads the token counts: a save syncs anyway
                     self.save_checkpoint(epoch)
                     throughput.reset()
                 self._profiler.step()

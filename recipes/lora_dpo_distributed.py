@@ -164,6 +164,8 @@ class LoRADPORecipeDistributed:
         self._model = self._setup_model(cfg, ckpt[training.MODEL_KEY], ckpt.get(training.ADAPTER_KEY))
         del ckpt  # the memory-mapped full weights: every rank keeps only its shards
         self._tokenizer = config.instantiate(cfg.tokenizer)
+        # counts each step's loss tokens: an epoch without any is an error, not a saved untrained model
+        self._loss_tokens = training.LossTokenCounter(max_seq_len=getattr(self._tokenizer, "max_seq_len", None))
         self._optimizer = config.instantiate(cfg.optimizer, self._trainable_params())
         self._loss_fn = config.instantiate(cfg.loss)
         # what the loss needs (tune.rlhf.loss): mean instead of summed log-probs, and whether a reference is used
@@ -370,7 +372,10 @@ class LoRADPORecipeDistributed:
                 # every pair of the step on every rank weighs the same: the pairs are counted on the CPU batches
                 # and summed over the ranks (a collective, no host-device sync)
                 num_pairs = sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches)
-                loss_scale = training.step_loss_scale(torch.tensor(num_pairs, device=device))
+                num_tokens = sum(training.num_loss_tokens(labels) for _, labels, _ in micro_batches)
+                loss_scale = self._loss_tokens.step_loss_scale(
+                    torch.tensor(num_pairs, device=device), num_loss_tokens=num_tokens.to(device)
+                )
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
                     throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
@@ -414,6 +419,7 @@ class LoRADPORecipeDistributed:
                 if end_of_epoch:
                     self.epochs_run = epoch + 1
                 if end_of_epoch or (self._save_every_n_steps and self.global_step % self._save_every_n_steps == 0):
+                    self._loss_tokens.check(epoch, end_of_epoch)  # reads the token counts: a save syncs anyway
                     self.save_checkpoint(epoch)
                     throughput.reset()
                 self._profiler.step()

@@ -138,6 +138,8 @@ class LoRADPORecipeSingleDevice:
         ckpt = self.load_checkpoint(cfg.checkpointer)
         self._model = self._setup_model(cfg.model, ckpt[training.MODEL_KEY], ckpt.get(training.ADAPTER_KEY))
         self._tokenizer = config.instantiate(cfg.tokenizer)
+        # counts each step's loss tokens: an epoch without any is an error, not a saved untrained model
+        self._loss_tokens = training.LossTokenCounter(max_seq_len=getattr(self._tokenizer, "max_seq_len", None))
         self._optimizer = self._setup_optimizer(cfg.optimizer)
         self._loss_fn = config.instantiate(cfg.loss)
         # what the loss needs (tune.rlhf.loss): mean instead of summed log-probs, and whether a reference is used
@@ -328,7 +330,10 @@ class LoRADPORecipeSingleDevice:
             for _ in range(steps_done, self._steps_per_epoch):
                 micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
                 # every pair of the step weighs the same: the loss is their mean (pairs counted on the CPU batches)
-                loss_scale = training.step_loss_scale(sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches))
+                loss_scale = self._loss_tokens.step_loss_scale(
+                    sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches),
+                    num_loss_tokens=sum(training.num_loss_tokens(labels) for _, labels, _ in micro_batches),
+                )
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
                     throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
@@ -367,6 +372,7 @@ class LoRADPORecipeSingleDevice:
                 if end_of_epoch:
                     self.epochs_run = epoch + 1
                 if end_of_epoch or (self._save_every_n_steps and self.global_step % self._save_every_n_steps == 0):
+                    self._loss_tokens.check(epoch, end_of_epoch)  # reads the token counts: a save syncs anyway
                     self.save_checkpoint(epoch)
                     throughput.reset()
                 self._profiler.step()

@@ -152,6 +152,8 @@ class LoRAFinetuneRecipeDistributed:
         self._model = self._setup_model(cfg, ckpt[training.MODEL_KEY], ckpt.get(training.ADAPTER_KEY))
         del ckpt  # the memory-mapped full weights: every rank keeps only its shards
         self._tokenizer = config.instantiate(cfg.tokenizer)
+        # counts each step's loss tokens: an epoch without any is an error, not a saved untrained model
+        self._loss_tokens = training.LossTokenCounter(max_seq_len=getattr(self._tokenizer, "max_seq_len", None))
         self._optimizer = config.instantiate(cfg.optimizer, self._trainable_params())
         training.register_post_optimizer_hooks(self._optimizer, self._model, self._model_converters)
         self._loss_fn = training.prepare_loss(
@@ -328,7 +330,7 @@ class LoRAFinetuneRecipeDistributed:
                 micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
                 # counted on the CPU batches, summed over all ranks (a collective, no host-device sync)
                 num_tokens = sum(training.num_loss_tokens(shift_labels(b["labels"])) for b in micro_batches)
-                loss_scale = training.step_loss_scale(num_tokens.to(device))
+                loss_scale = self._loss_tokens.step_loss_scale(num_tokens.to(device))
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, batch in enumerate(micro_batches):
                     throughput.update(training.count_tokens(batch["tokens"], self._tokenizer.pad_id))
@@ -375,6 +377,7 @@ class LoRAFinetuneRecipeDistributed:
                     for line in self._finetuning_schedule.step(self.global_step, self.epochs_run, val_loss) or []:
                         log_info(line)
                 if end_of_epoch or (self._save_every_n_steps and self.global_step % self._save_every_n_steps == 0):
+                    self._loss_tokens.check(epoch, end_of_epoch)  # reads the token counts: a save syncs anyway
                     self.save_checkpoint(epoch)
                     throughput.reset()
                 self._profiler.step()

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the recipes and tune.config of this checkout, whichever tune is installed
 
-from tune.config import builtin_recipes, read_recipe_info  # noqa: E402
+from tune.config import builtin_recipes, read_recipe_info, read_unsupported  # noqa: E402
 
 README = ROOT / "README.md"
 START = "<!-- recipe-table:start (written by tools/recipe_table.py; edit the recipes, not this table) -->"
@@ -39,38 +39,6 @@ OPTIONS = {
 }
 _DISTRIBUTED_ONLY = {"tensor_parallel_dim"}  # a key of the "distributed" table: no column for single-device recipes
 _DISTRIBUTED_REASON = "FSDP2 already shards the optimizer state across ranks"
-
-
-def _module_assignment(tree: ast.Module, name: str) -> ast.expr | None:
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return node.value
-    return None
-
-
-def read_unsupported(path: Path) -> dict[str, str]:
-    """The ``UNSUPPORTED`` table of a recipe file: key -> reason (a ``KeepDefault(reason)`` gives its reason).
-
-    Raises:
-        ValueError: when the table is not a dict of string keys to strings or ``KeepDefault("...")`` calls.
-    """
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    value = _module_assignment(tree, "UNSUPPORTED")
-    if value is None:
-        return {}
-    if not isinstance(value, ast.Dict):
-        raise ValueError(f"{path}: UNSUPPORTED must be a dict literal, got {ast.unparse(value)[:60]!r}")
-    table = {}
-    for key, reason in zip(value.keys, value.values, strict=True):
-        if isinstance(reason, ast.Call) and reason.args:  # config.KeepDefault("reason")
-            reason = reason.args[0]
-        try:
-            table[ast.literal_eval(key)] = ast.literal_eval(reason)
-        except ValueError:
-            raise ValueError(
-                f"{path}:{key.lineno}: UNSUPPORTED entries must be 'key': 'reason' or 'key': KeepDefault('reason')"
-            ) from None
-    return table
 
 
 def _checks_as_distributed(path: Path) -> bool:

@@ -324,3 +324,19 @@ def test_an_error_on_one_other_rank_alone_is_named_in_torchruns_summary(tiny_ass
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr[-8000:]
     assert "TuneError: the data disk is missing on this node" in proc.stderr, proc.stderr[-8000:]
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("dtype=bfloat32", "dtype = 'bfloat32': must be one of fp32, bf16, fp16, fp64"),
+        ("dataset.packed=maybe", "dataset.packed = 'maybe': must be true or false"),
+    ],
+    ids=["dtype", "packed"],
+)
+def test_bad_values_are_refused_before_the_recipe_starts(tiny_assets, tmp_path, override, expected):
+    # the whole process: exit status 1, one error line, no traceback, nothing written to output_dir
+    out = tmp_path / "out"
+    line = _error_line(_run(FULL, tiny_assets, out, override, cwd=tmp_path))
+    assert line.startswith(f"tune: error: {CONFIGS[FULL]}: {expected}"), line
+    assert not out.exists()

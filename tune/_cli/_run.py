@@ -6,15 +6,34 @@ Without torchrun flags the recipe runs in this process, as if started with ``pyt
 """
 
 import argparse
+import logging
+import os
 import runpy
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from tune._cli._common import HelpFormatter, examples
-from tune.config import RecipeError, RecipeInfo, TuneError, configs_of, find_config, find_recipe, list_recipes
+from tune.config import (
+    ConfigError,
+    RecipeError,
+    RecipeInfo,
+    TuneError,
+    check_output_dir,
+    configs_of,
+    find_config,
+    find_recipe,
+    import_modules,
+    list_recipes,
+    load_config,
+    read_unsupported,
+    value_problems,
+)
 
 _ORIGINAL_SHOWWARNING = warnings.showwarning
+# set for the processes of a distributed run that `tune run` launched: it reports the first rank's error itself
+LAUNCHER_REPORTS_ERRORS = "TUNE_LAUNCHER_REPORTS_ERRORS"
 _USAGE = "tune run [TORCHRUN FLAGS] RECIPE --config CONFIG [key=value ...]"
 _DESCRIPTION = """\
 Run a recipe with a config.
@@ -75,7 +94,58 @@ def main(argv: Sequence[str]) -> int:
         return _run_distributed(argv)
     recipe = find_recipe(argv[0])
     config_args = _config_args(recipe, argv[1:])
+    check_before_start(config_args, recipe.path)
     return _run_in_process(recipe, config_args)
+
+
+def check_before_start(config_args: list[str], recipe_path: str | Path | None = None) -> None:
+    """Refuses a config whose values cannot run (``tune.config.value_problems``), before the recipe starts, and
+    warns once about bf16 on a CPU that emulates it.
+
+    Runs in the launching process: a distributed run gets the same one line as a single-device one, before
+    torchrun starts any process. A config that does not load is left to the recipe, which says why.
+
+    Args:
+        config_args (list[str]): ``["--config", FILE, key=value, ...]`` as given to the recipe.
+        recipe_path (str | Path | None): the recipe file: the keys its ``UNSUPPORTED`` table refuses are left to
+            its own check, which gives its reason (and reports them with the recipe's other problems). An
+            ``output_dir`` that holds an earlier run is refused here too (``tune.config.check_output_dir``), unless
+            the config opts in to overwrite it, which the recipe does itself.
+
+    Raises:
+        ConfigError: listing every problem found.
+    """
+    if len(config_args) < 2 or config_args[0] != "--config" or any(a in ("-h", "--help") for a in config_args):
+        return
+    try:
+        cfg = load_config(config_args[1], config_args[2:])
+        import_modules(cfg)  # components the config names may live in its `imports:`
+    except TuneError:
+        return  # the recipe reports it, as it does when run as a script
+    refused = read_unsupported(recipe_path) if recipe_path is not None else {}
+    problems = value_problems(cfg, refused=refused)
+    if problems:
+        raise ConfigError(problems, source=config_args[1])
+    if not cfg.get("overwrite_output_dir"):  # a rerun into an earlier run's outputs: the same one line
+        check_output_dir(cfg)
+    _warn_bf16_on_cpu(cfg.get("device"), cfg.get("dtype"))
+
+
+def _warn_bf16_on_cpu(device: object, dtype: object) -> None:
+    if str(dtype).lower().removeprefix("torch.") not in ("bf16", "bfloat16"):
+        return
+    import torch
+
+    from tune.utils import cpu_has_native_bf16
+
+    on_cpu = device == "cpu" or (device in (None, "auto") and not torch.cuda.is_available())
+    if on_cpu and not cpu_has_native_bf16():
+        print(
+            "tune: warning: dtype=bf16 on a CPU without native bfloat16 (no avx512_bf16/amx_bf16): its math is "
+            "emulated and training runs many times slower than in fp32. Set dtype=fp32 to train faster on this "
+            "CPU.",
+            file=sys.stderr,
+        )
 
 
 def _config_args(recipe: RecipeInfo, args: list[str]) -> list[str]:
@@ -161,12 +231,38 @@ def _run_distributed(argv: list[str]) -> int:
         )
     args.training_script = str(recipe.path)
     args.training_script_args = _config_args(recipe, list(args.training_script_args))
+    check_before_start(args.training_script_args, recipe.path)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    # a failed rank is reported once, below, in one line: the ranks leave it to this process (tune.config.parse
+    # reads the variable) and torchrun's own failure log stays quiet
+    os.environ[LAUNCHER_REPORTS_ERRORS] = "1"
+    elastic_log = logging.getLogger("torch.distributed.elastic")
+    level = elastic_log.level
+    elastic_log.setLevel(logging.CRITICAL)
     try:
         torchrun.run(args)
     except ChildFailedError as err:
-        print(f"tune: error: a process of the distributed run failed:\n{err}", file=sys.stderr)
+        print(f"tune: error: {_first_failure(err)}", file=sys.stderr)
         return 1
+    finally:
+        elastic_log.setLevel(level)
+        os.environ.pop(LAUNCHER_REPORTS_ERRORS, None)
     return 0
+
+
+def _first_failure(err: "ChildFailedError") -> str:  # noqa: F821 - imported with torch, where it is raised
+    """One line for the first process that failed: its own error when it left one (a recipe's ``error:`` line,
+    recorded by ``tune.config.parse``), else its exit status and where to look."""
+    rank, failure = err.get_first_failure()
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    message = str(message or "")
+    if message and "pytorch.org/docs/stable/elastic/errors" not in message:
+        # a recorded TuneError reads "ConfigError: ..."; the class name says nothing to the user
+        said = message.partition(": ")[2] if message.split(":", 1)[0].endswith("Error") else message
+        return f"rank {rank} failed: {said}"
+    how = f"signal {-failure.exitcode}" if failure.exitcode < 0 else f"exit status {failure.exitcode}"
+    return f"rank {rank} failed ({how}); its output above says why"

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tune._cli._common import HelpFormatter, examples
 from tune.config import (
@@ -122,11 +122,22 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"OK: {args.config} is valid{against}")
+    _note_missing_device(path, args.overrides)
     if args.show_defaults:
         print(_defaults_report(path, args.overrides, recipe))
     if args.show_sample is not None:
         print(_sample(path, args.overrides, args.show_sample, recipe))
     return 0
+
+
+def _note_missing_device(path: Path, overrides: list[str]) -> None:
+    """A valid config may be meant for another machine: say so when its device is not on this one."""
+    from tune.utils import device_problem
+
+    device = load_config(path, overrides).get("device")
+    message = device_problem(device, check_present=True)
+    if message:
+        print(f"note: device={device}: {message}; `tune run` refuses it on this machine", file=sys.stderr)
 
 
 def _check_schedule_patterns(path: Path, overrides: list[str], found: list[ConfigProblem]) -> list[ConfigProblem]:
@@ -173,6 +184,8 @@ def _defaults_report(path: Path, overrides: list[str], recipe: RecipeInfo | None
     for key, default in recipe_defaults(tables).items():
         if key in cfg:
             value, origin = cfg[key], "config"
+            if isinstance(value, (DictConfig, ListConfig)):  # resolved here, where `${output_dir}` is known
+                value = OmegaConf.to_container(value, resolve=True)
         else:
             value, origin = default, "default"
         text = resolved_yaml(OmegaConf.create({key: value})).strip().replace("\n", "\n    ")

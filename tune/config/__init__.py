@@ -21,7 +21,7 @@ from tune.config._discovery import (
 from tune.config._errors import ConfigError, ConfigProblem, RecipeError, TuneError
 from tune.config._imports import import_modules
 from tune.config._instantiate import get_component_from_path, instantiate
-from tune.config._io import log_config, resolved_yaml, save_config
+from tune.config._io import check_output_dir, log_config, resolved_yaml, save_config
 from tune.config._load import apply_overrides, load_config, parse_override_value, read_yaml
 from tune.config._parse import parse
 from tune.config._recipe import (
@@ -31,6 +31,7 @@ from tune.config._recipe import (
     shard_model,
     sharded_recipe_state,
 )
+from tune.config._recipe_scan import read_unsupported
 from tune.config._training import (
     IGNORED_KEYS,
     OPTIONAL_KEYS,
@@ -46,7 +47,7 @@ from tune.config._training import (
     instantiate_tensor_parallel_plan,
     recipe_defaults,
 )
-from tune.config._validate import validate_config
+from tune.config._validate import validate_config, value_problems
 
 __all__ = [
     "IGNORED_KEYS",
@@ -59,6 +60,7 @@ __all__ = [
     "TuneError",
     "apply_defaults",
     "check_config_keys",
+    "check_output_dir",
     "apply_overrides",
     "builtin_configs",
     "builtin_recipes",
@@ -84,6 +86,7 @@ __all__ = [
     "parse",
     "parse_override_value",
     "read_recipe_info",
+    "read_unsupported",
     "read_yaml",
     "recipe_state",
     "recipe_defaults",
@@ -95,4 +98,5 @@ __all__ = [
     "shipped_config_name",
     "shipped_dirs",
     "validate_config",
+    "value_problems",
 ]

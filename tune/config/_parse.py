@@ -12,10 +12,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from tune.config._discovery import find_config
-from tune.config._errors import TuneError
+from tune.config._errors import ConfigError, TuneError
 from tune.config._imports import import_modules
+from tune.config._io import check_output_dir
 from tune.config._load import load_config
 from tune.config._training import apply_defaults, check_config_keys, optional_key_tables
+from tune.config._validate import value_problems
 
 _EPILOG = """\
 overrides:
@@ -45,11 +47,13 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
     (:data:`~tune.config.OPTIONAL_KEYS`), and a top-level key such a recipe never reads is an error naming the
     closest known key (the recipe file is scanned, so a copied recipe that reads a new key knows it). The modules
     the config lists under ``imports:`` are imported before ``recipe_main`` runs (see
-    :func:`~tune.config.import_modules`). A :class:`~tune.config.TuneError` (a bad config, override or name, or a
-    module of ``imports:`` that cannot be imported), from loading or from inside ``recipe_main``, is printed as
-    one ``error:`` line and exits with status 1 (``TUNE_DEBUG=1`` raises it with its traceback instead). Under
-    torchrun only rank 0 prints it, and every other rank exits with status 1 silently: the ranks of a distributed
-    recipe raise a ``TuneError`` together (see :func:`tune.training.errors_on_all_ranks`).
+    :func:`~tune.config.import_modules`), and a training run's ``output_dir`` is checked for an earlier run's
+    outputs (:func:`~tune.config.check_output_dir`). A :class:`~tune.config.TuneError` (a bad config, override or
+    name, a module of ``imports:`` that cannot be imported, an ``output_dir`` holding an earlier run), from loading
+    or from inside ``recipe_main``, is printed as one ``error:`` line and exits with status 1 (``TUNE_DEBUG=1``
+    raises it with its traceback instead). Under torchrun only rank 0 prints it, and every other rank exits with
+    status 1 silently: the ranks of a distributed recipe raise a ``TuneError`` together (see
+    :func:`tune.training.errors_on_all_ranks`).
 
     Args:
         recipe_main (Callable[[DictConfig], Any]): the function taking the loaded config.
@@ -70,6 +74,11 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
             if isinstance(info, dict) and "optional_keys" in info:  # the recipe knows its keys: others are typos
                 check_config_keys(cfg, recipe_main.__globals__.get("__file__"), tables)
             import_modules(cfg)  # `imports:` register user components before the recipe builds anything
+            # types, ranges, names: what `tune run` checks before it starts (keys the recipe refuses: its own reason)
+            problems = value_problems(cfg, refused=recipe_main.__globals__.get("UNSUPPORTED") or ())
+            if problems:
+                raise ConfigError(problems)
+            check_output_dir(cfg)  # a training run never mixes its outputs with an earlier run's
             return recipe_main(cfg)
         except TuneError as err:
             if os.environ.get("TUNE_DEBUG") == "1":
@@ -78,7 +87,8 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
             # by tune.training.errors_on_all_ranks): rank 0 prints it, the others only exit with the same status.
             # Every rank also leaves it in torchrun's error file, so that torchrun's summary of the first rank to
             # fail says why, also when that rank alone failed (a file missing on one node)
-            if os.environ.get("RANK", "0") == "0":
+            # `tune run` with torchrun flags prints the first failed rank's error itself (it sets this variable)
+            if os.environ.get("RANK", "0") == "0" and os.environ.get("TUNE_LAUNCHER_REPORTS_ERRORS") != "1":
                 print(f"{prog}: error: {err}", file=sys.stderr)
             _record_for_torchrun(err)
             raise SystemExit(1) from None

@@ -397,3 +397,36 @@ def _target_name(target: ast.AST) -> str | None:
     if isinstance(target, ast.Attribute):
         return _self_attr(target)
     return None
+
+
+def _module_assignment(tree: ast.Module, name: str) -> ast.expr | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node.value
+    return None
+
+
+def read_unsupported(path: str | Path) -> dict[str, str]:
+    """The ``UNSUPPORTED`` table of a recipe file: key -> reason (a ``KeepDefault(reason)`` gives its reason).
+
+    Raises:
+        ValueError: when the table is not a dict of string keys to strings or ``KeepDefault("...")`` calls.
+    """
+    path = Path(path)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    value = _module_assignment(tree, "UNSUPPORTED")
+    if value is None:
+        return {}
+    if not isinstance(value, ast.Dict):
+        raise ValueError(f"{path}: UNSUPPORTED must be a dict literal, got {ast.unparse(value)[:60]!r}")
+    table = {}
+    for key, reason in zip(value.keys, value.values, strict=True):
+        if isinstance(reason, ast.Call) and reason.args:  # config.KeepDefault("reason")
+            reason = reason.args[0]
+        try:
+            table[ast.literal_eval(key)] = ast.literal_eval(reason)
+        except ValueError:
+            raise ValueError(
+                f"{path}:{key.lineno}: UNSUPPORTED entries must be 'key': 'reason' or 'key': KeepDefault('reason')"
+            ) from None
+    return table

@@ -41,6 +41,10 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
         # padded_collate_packed
         "collate_fn": None,
         "keep_last_n_checkpoints": None,
+        # a second run into an output_dir that holds an earlier run's checkpoints, logs or config.yaml is refused
+        # unless it resumes (resume_from_checkpoint) or sets this: the earlier run's outputs are then moved to
+        # output_dir/overwritten_<time>/, never mixed with the new run's (tune.config.check_output_dir)
+        "overwrite_output_dir": False,
         "save_every_n_steps": None,
         "dataset_val": None,
         "run_val_every_n_steps": None,

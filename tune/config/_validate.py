@@ -1,7 +1,7 @@
 import difflib
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,9 @@ def validate_config(
     (``instantiate(cfg.optimizer, model.parameters())``) are taken into account; the optional keys of the
     recipe's tables (``RECIPE_INFO["optional_keys"]``) are filled in first, and a training recipe's settings are
     checked as it checks them when it starts. ``model_converters`` and ``finetuning_schedule`` are checked in
-    every config.
+    every config, and so are the values (:func:`value_problems`: types against the components' annotations,
+    ranges, dtype and device names, dataset options, checkpoint shards); whether the device is on this machine
+    is left to ``tune run``.
 
     Args:
         config (str | Path | DictConfig): a YAML file or a loaded config.
@@ -89,6 +91,8 @@ def validate_config(
     if scan is not None and isinstance(info, dict) and "optional_keys" in info:  # the recipe knows its keys
         problems += unknown_key_problems(cfg, scan.mentioned | known_keys(tables))
     problems += check_model_converters(cfg.get("model_converters"))
+    reported = {p.key for p in problems}
+    problems += [p for p in value_problems(tree, check_devices=False) if p.key not in reported]
     problems += _settings_problems(cfg, tables, bool((info or {}).get("supports_distributed")), problems)
     return problems
 
@@ -312,3 +316,267 @@ def _join(key: str, child: Any) -> str:
 
 def _first_line(err: Exception) -> str:
     return str(err).splitlines()[0]
+
+
+# -- values: types against annotations, ranges, devices, dataset options, checkpoint shards ------------------------
+
+# top-level keys every training recipe reads as a count: an integer >= 1
+_COUNT_KEYS = ("batch_size",)
+# the files that list a Hugging Face checkpoint's shards
+_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# the packaged `datasets` builders whose options a dataset source like "tatsu-lab/alpaca" may take
+_HUB_BUILDERS = ("parquet", "json", "csv", "text", "arrow")
+
+
+def value_problems(
+    cfg: DictConfig | dict, *, check_devices: bool = True, refused: Iterable[str] = ()
+) -> list[ConfigProblem]:
+    """The problems of a config's values that only show when the run starts: checked by ``tune validate`` and by
+    ``tune run`` before the recipe starts (and before torchrun starts any process).
+
+    Checked: each argument of each ``_component_`` against the component's annotation (``packed: maybe`` for a
+    ``bool``, ``lora_rank: eight`` for an ``int``, ``lr: fast`` for a ``float``; ``Literal``, ``Optional`` and
+    unions too; types it cannot check pass), the options a dataset builder passes on to ``datasets.load_dataset``
+    (a misspelled one is not an option of either), ``lr`` >= 0, ``batch_size`` >= 1, ``dtype`` and ``device``
+    names (and, with ``check_devices``, that the device is on this machine), and that ``checkpoint_files`` lists
+    every shard that the checkpoint's index names.
+
+    Args:
+        cfg (DictConfig | dict): the config, or its tree with interpolations resolved (a value that did not
+            resolve is skipped).
+        check_devices (bool): report a ``device`` this machine does not have.
+        refused (Iterable[str]): keys the recipe refuses with its own reason (its ``UNSUPPORTED`` table): their
+            values, and those below them, are left to the recipe's check, which reports them with that reason.
+
+    Returns:
+        list[ConfigProblem]: every problem found.
+    """
+    from tune.utils import DTYPE_CHOICES, device_problem, get_dtype
+
+    if isinstance(cfg, DictConfig):
+        try:
+            tree = OmegaConf.to_container(cfg, resolve=True)
+        except OmegaConfBaseException:
+            return []  # an interpolation that does not resolve: reported where the config is loaded
+    else:
+        tree = cfg
+    problems: list[ConfigProblem] = []
+    if not isinstance(tree, dict):
+        return problems
+    dtype = tree.get("dtype")
+    if isinstance(dtype, str) or (dtype is not None and dtype is not _UNRESOLVED):
+        try:
+            get_dtype(dtype if isinstance(dtype, str) else str(dtype))
+        except ValueError:
+            problems.append(ConfigProblem("dtype", f"must be {DTYPE_CHOICES}", dtype))
+    device = tree.get("device")
+    if device is not _UNRESOLVED:
+        message = device_problem(device, check_present=check_devices)
+        if message:
+            problems.append(ConfigProblem("device", message, device))
+    for key in _COUNT_KEYS:
+        value = tree.get(key)
+        if key in tree and value is not _UNRESOLVED and (not isinstance(value, int) or isinstance(value, bool)):
+            problems.append(ConfigProblem(key, "must be an integer >= 1", value))
+        elif isinstance(value, int) and value < 1:
+            problems.append(ConfigProblem(key, "must be an integer >= 1", value))
+    _component_values(tree, "", problems)
+    refused = tuple(refused)
+    return [p for p in problems if not any(p.key == k or p.key.startswith(f"{k}.") for k in refused)]
+
+
+def _component_values(node: Any, key: str, problems: list[ConfigProblem]) -> None:
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            _component_values(item, _join(key, i), problems)
+        return
+    if not isinstance(node, dict):
+        return
+    name = node.get(COMPONENT_KEY)
+    if isinstance(name, str) and name:
+        _check_values_of(name, node, key, problems)
+    for k, v in node.items():
+        if k != COMPONENT_KEY:
+            _component_values(v, _join(key, k), problems)
+
+
+def _check_values_of(name: str, node: dict, key: str, problems: list[ConfigProblem]) -> None:
+    try:
+        obj = import_component(name, _join(key, COMPONENT_KEY))
+        signature = inspect.signature(obj)
+    except Exception:  # noqa: BLE001 - a component that does not import is reported by the component check
+        return
+    hints = _type_hints(obj)
+    P = inspect.Parameter
+    params = signature.parameters
+    extra = [p for p in params.values() if p.kind == P.VAR_KEYWORD]
+    for arg, value in node.items():
+        if arg == COMPONENT_KEY or value is _UNRESOLVED:
+            continue
+        arg_key = _join(key, arg)
+        param = params.get(arg)
+        if param is None or param.kind in (P.POSITIONAL_ONLY, P.VAR_POSITIONAL):
+            if extra and extra[0].name == "load_dataset_kwargs":
+                _check_dataset_option(name, node, arg, arg_key, value, problems)
+            continue
+        if arg == "lr" and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            problems.append(ConfigProblem(arg_key, "must be a learning rate >= 0", value))
+            continue
+        hint = hints.get(arg, inspect.Parameter.empty)
+        if value is None and param.default is None:
+            continue  # `x: int = None`: null means the default
+        if not _fits(value, hint):
+            expected = _describe(hint)
+            message = f"must be {expected} (argument {arg!r} of {name}); got a {_yaml_type(value)}"
+            problems.append(ConfigProblem(arg_key, message, value))
+    _check_shards(node, key, problems)
+
+
+def _type_hints(obj: Any) -> dict[str, Any]:
+    import typing
+
+    target = obj.__init__ if isinstance(obj, type) else obj
+    try:
+        return typing.get_type_hints(target)
+    except Exception:  # noqa: BLE001 - a forward reference that does not resolve: the plain annotations
+        try:
+            found = inspect.signature(obj).parameters.items()
+        except (TypeError, ValueError):
+            return {}
+        return {n: p.annotation for n, p in found if not isinstance(p.annotation, str)}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a YAML value can be the argument annotated ``hint`` (True for types that cannot be told)."""
+    import collections.abc
+    import types
+    import typing
+
+    if hint is inspect.Parameter.empty or hint is Any:
+        return True
+    if isinstance(value, dict) and COMPONENT_KEY in value:
+        return True  # built at run time
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if origin is typing.Literal:
+        return any(value == choice and type(value) is type(choice) for choice in typing.get_args(hint))
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    base = origin or hint
+    if base in (list, tuple, collections.abc.Sequence, collections.abc.MutableSequence):
+        return isinstance(value, list) or (base is collections.abc.Sequence and isinstance(value, str))
+    if base in (dict, collections.abc.Mapping, collections.abc.MutableMapping):
+        return isinstance(value, dict)
+    if getattr(hint, "__module__", "") == "torch" and getattr(hint, "__name__", "") == "Tensor":
+        return False  # a YAML value is never a tensor (`lr: float | Tensor`)
+    return True  # a class, a callable, ...: not checked here
+
+
+def _describe(hint: Any) -> str:
+    import types
+    import typing
+
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_describe(arg) for arg in typing.get_args(hint)))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(hint))
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    if hint in names:
+        return names[hint]
+    base = origin or hint
+    if base in (list, tuple) or getattr(base, "__name__", "") in ("Sequence", "MutableSequence"):
+        return "a list"
+    if base is dict or getattr(base, "__name__", "") in ("Mapping", "MutableMapping"):
+        return "a mapping"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _yaml_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "mapping"
+    return "null" if value is None else type(value).__name__
+
+
+def _check_dataset_option(name: str, node: dict, arg: str, key: str, value: Any, problems: list[ConfigProblem]) -> None:
+    """An argument that a dataset builder passes on to ``datasets.load_dataset``: one of its arguments, or an
+    option of the builder that reads ``source`` (``json``: ``field``, ``encoding``, ...)."""
+    source = node.get("source")
+    accepted = _load_dataset_options(source if isinstance(source, str) else None)
+    if accepted is None or arg in accepted:
+        return
+    own = [n for n, p in inspect.signature(import_component(name, key)).parameters.items() if p.kind != p.VAR_KEYWORD]
+    close = difflib.get_close_matches(arg, own + sorted(accepted), n=1)
+    hint = f"; did you mean {close[0]}?" if close else "; remove it or fix its name"
+    reader = f"datasets.load_dataset({source!r})" if isinstance(source, str) else "datasets.load_dataset"
+    problems.append(ConfigProblem(key, f"is not an option of {name} nor of {reader}{hint}", value))
+
+
+def _load_dataset_options(source: str | None) -> set[str] | None:
+    """The keyword arguments ``datasets.load_dataset(source, ...)`` takes; None when they cannot be told."""
+    import dataclasses
+    import importlib
+
+    try:
+        import datasets
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except Exception:  # noqa: BLE001 - without `datasets` the recipe reports the missing package
+        return None
+    own = set(inspect.signature(datasets.load_dataset).parameters) - {"path", "config_kwargs"}
+    builders = [source] if source in _PACKAGED_DATASETS_MODULES else list(_HUB_BUILDERS)
+    for builder in builders:
+        try:
+            module = importlib.import_module(_PACKAGED_DATASETS_MODULES[builder][0])
+        except Exception:  # noqa: BLE001 - an optional dependency of one builder: its options are not known
+            return None
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, datasets.BuilderConfig) and dataclasses.is_dataclass(obj):
+                own.update(f.name for f in dataclasses.fields(obj))
+    return own
+
+
+def _check_shards(node: dict, key: str, problems: list[ConfigProblem]) -> None:
+    """``checkpoint_files`` given as a list names every shard of the checkpoint's index file."""
+    import json
+
+    files, directory = node.get("checkpoint_files"), node.get("checkpoint_dir")
+    if not isinstance(files, list) or not isinstance(directory, str) or not files:
+        return
+    for index_name in _INDEX_FILES:
+        index = Path(directory) / index_name
+        if not index.is_file():
+            continue
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        except (OSError, ValueError, AttributeError):
+            return  # the checkpointer reports a broken index when it reads it
+        needed = {f for f in weight_map.values() if isinstance(f, str)}
+        if not needed or not all(Path(f).suffix == Path(next(iter(needed))).suffix for f in files):
+            continue  # the files are of the other format (bin vs safetensors)
+        missing = sorted(needed - {str(f) for f in files})
+        if missing:
+            message = (
+                f"misses {len(missing)} shard(s) that {index} names: {', '.join(missing)}; "
+                "list every shard, or remove checkpoint_files to read them from the index"
+            )
+            problems.append(ConfigProblem(_join(key, "checkpoint_files"), message, files))
+        return

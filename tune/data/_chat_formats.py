@@ -258,10 +258,11 @@ class PlainChatFormat:
     turn. This is torchtune's layout for a SentencePiece tokenizer built with ``prompt_template=None``, used when
     the text already carries its prompt (Alpaca's ``### Instruction:`` ... ``### Response:``).
 
-    Each message is encoded separately with its trailing spaces removed. A message that continues a turn (after
-    a user message, before its answer) is encoded as it reads in the middle of a text, with no dummy-prefix space,
-    unless the message before it ended in a space. Every token, BOS and EOS included, carries its message's
-    ``masked`` flag, so with ``train_on_input=True`` the whole sequence is trained.
+    Each text part of each message is encoded separately with its trailing spaces removed (a prompt template such
+    as torchtune's ``Llama2ChatTemplate`` adds its tags as parts of their own). The parts of a message that
+    continues a turn (after a user message, before its answer) are encoded as they read in the middle of a text,
+    with no dummy-prefix space, unless the message before it ended in a space. Every token, BOS and EOS included,
+    carries its message's ``masked`` flag, so with ``train_on_input=True`` the whole sequence is trained.
 
     Args:
         bos_token (str): the BOS piece.
@@ -281,11 +282,12 @@ class PlainChatFormat:
             trained = not m.masked
             if start_of_turn:
                 segments.append(Segment(self.bos_token, trained, special=True))
-            text = m._text.rstrip(" ")
             trim = not start_of_turn and not previous_ends_with_space
-            if text:
-                segments.append(Segment(text, trained, separate=True, trim_leading_whitespace=trim))
-            previous_ends_with_space = m._text.endswith(" ")
+            texts = [part["content"] for part in m.content if part["type"] == "text"] if m._parts else [m._text]
+            for text in texts:
+                if text.rstrip(" "):
+                    segments.append(Segment(text.rstrip(" "), trained, separate=True, trim_leading_whitespace=trim))
+            previous_ends_with_space = bool(texts) and texts[-1].endswith(" ")
             start_of_turn = m.role == "assistant"
             if start_of_turn and _open_end(messages, i, add_end_tokens):
                 segments.append(Segment(self.eos_token, trained, special=True))
@@ -590,3 +592,40 @@ class Phi3ChatFormat:
         elif add_end_tokens and messages[-1].eot:
             b.content(len(messages) - 1, self.eos_token, special=True)
         return b.segments
+
+
+class TorchtuneLlama3Format:
+    """torchtune's Llama 3 layout, token for token: ``<|begin_of_text|>``, then per message
+    ``<|start_header_id|>{role}<|end_header_id|>\n\n{text}<|eot_id|>`` (``<|eom_id|>`` for a message with
+    ``eot=False``, ``<|python_tag|>`` opening a tool call), then ``<|end_of_text|>``. The role, the ``"\n\n"`` and
+    each text part (stripped) are encoded on their own. A message's header, text and end token all carry its mask,
+    so a trained answer trains its header; BOS and the final EOS are never trained. With ``add_end_tokens=False``
+    the last message gets no end token and no EOS follows (no generation prompt is added).
+
+    :func:`~tune.models.llama3.llama3_tokenizer` uses it by default with a ``tokenizer.model``, as torchtune does;
+    :class:`~tune.data.Llama3ChatFormat` is the layout of ``meta-llama/Meta-Llama-3-8B-Instruct``'s chat template.
+    """
+
+    name = "llama3"
+    roles = frozenset({"system", "user", "assistant", "tool", "ipython"})
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        segments = [Segment("<|begin_of_text|>", False, special=True)]
+        for i, m in enumerate(messages):
+            trained = not m.masked
+            segments += [
+                Segment("<|start_header_id|>", trained, special=True),
+                Segment(m.role.strip(), trained, separate=True),
+                Segment("<|end_header_id|>", trained, special=True),
+                Segment("\n\n", trained, separate=True),
+            ]
+            if m.ipython:
+                segments.append(Segment("<|python_tag|>", trained, special=True))
+            for part in m.content:
+                if part["type"] == "text" and part["content"].strip():
+                    segments.append(Segment(part["content"].strip(), trained, separate=True))
+            if add_end_tokens or i < len(messages) - 1:
+                segments.append(Segment("<|eot_id|>" if m.eot else "<|eom_id|>", trained, special=True))
+        if add_end_tokens:
+            segments.append(Segment("<|end_of_text|>", False, special=True))
+        return segments

@@ -151,3 +151,111 @@ class QuestionAnswerTemplate(PromptTemplate):
 
     def __init__(self, *, template: Mapping[Role, tuple[str, str]] = _QUESTION_ANSWER) -> None:
         super().__init__(template)
+
+
+# torchtune's chat templates of two families, at their torchtune paths (tune.models.llama2.Llama2ChatTemplate,
+# tune.models.mistral.MistralChatTemplate): text parts around each message, laid out as torchtune lays them out
+
+
+def _text(content: str) -> dict[str, str]:
+    return {"type": "text", "content": content}
+
+
+class Llama2ChatTemplate:
+    """torchtune's Llama 2 chat template, with torchtune's tokens.
+
+    :func:`~tune.models.llama2.llama2_tokenizer`'s default, as in torchtune. It writes the tags as text parts of the
+    messages: each user turn becomes ``"[INST] "``, then (when a system message came before it) ``"<<SYS>>\\n"``,
+    the system text and ``"\\n<</SYS>>\\n\\n"``, then the user text and ``" [/INST] "``; the system message itself is
+    dropped and its text repeats in every later user turn; answers are unchanged. The tokenizer then encodes each
+    part on its own (trailing spaces removed) between BOS and EOS (:class:`~tune.data.PlainChatFormat`), so the
+    text is not stripped and answers end without a space before ``</s>``: torchtune's tokens for a torchtune config.
+
+    The layout of ``meta-llama/Llama-2-7b-chat-hf``'s chat template (stripped text, the system prompt in the first
+    user turn only, ``" </s>"``) is tune's :class:`~tune.data.Llama2ChatFormat`: give
+    ``prompt_template: tune.data.Llama2ChatFormat`` to the tokenizer for it.
+    """
+
+    template = {
+        "system": ("<<SYS>>\n", "\n<</SYS>>\n\n"),
+        "user": ("[INST] ", " [/INST] "),
+        "assistant": ("", ""),
+        "ipython": ("", ""),
+    }
+
+    def __call__(self, messages: list[Message], inference: bool = False) -> list[Message]:
+        """Returns new messages laid out as in the class docstring.
+
+        Args:
+            messages (list[Message]): one conversation.
+            inference (bool): unused; accepted for the prompt-template call.
+
+        Returns:
+            list[Message]: the templated conversation (the input messages are not changed).
+        """
+        system: list[dict] = []
+        out = []
+        for message in messages:
+            if message.role == "system":
+                before, after = self.template["system"]
+                system = [_text(before), *message.content, _text(after)]
+                continue
+            content = message.content
+            if message.role == "user":
+                before, after = self.template["user"]
+                content = [_text(before), *system, *content, _text(after)]
+            out.append(Message(message.role, content, masked=message.masked, ipython=message.ipython, eot=message.eot))
+        return out
+
+    def __repr__(self) -> str:
+        return "Llama2ChatTemplate()"
+
+
+class MistralChatTemplate:
+    """torchtune's Mistral chat template, with torchtune's tokens.
+
+    :func:`~tune.models.mistral.mistral_tokenizer`'s default, as in torchtune. It wraps each message's text in its
+    role's tags, as text parts of their own: ``"[INST] "`` and ``" [/INST] "`` around a user turn, nothing around
+    an answer. The tokenizer then encodes each part on its own (trailing spaces removed) between BOS and EOS
+    (:class:`~tune.data.PlainChatFormat`), so ``[INST]`` is text even with a v0.3 vocabulary that has it as a
+    control piece: torchtune's tokens for a torchtune config. A system message is refused, as torchtune does.
+
+    The layouts of ``mistralai/Mistral-7B-Instruct-v0.2`` / ``-v0.3``'s chat templates (stripped answers, a system
+    prompt folded into the first user turn, ``[INST]`` as a control token for v0.3) are tune's
+    :class:`~tune.data.MistralChatFormat`: give ``prompt_template: tune.data.MistralChatFormat`` to the tokenizer.
+    """
+
+    template = {
+        "system": ("", ""),
+        "user": ("[INST] ", " [/INST] "),
+        "assistant": ("", ""),
+        "ipython": ("", ""),
+    }
+
+    def __call__(self, messages: list[Message], inference: bool = False) -> list[Message]:
+        """Returns new messages laid out as in the class docstring.
+
+        Args:
+            messages (list[Message]): one conversation.
+            inference (bool): unused; accepted for the prompt-template call.
+
+        Returns:
+            list[Message]: the templated conversation (the input messages are not changed).
+
+        Raises:
+            ValueError: for a system message (torchtune's template has no place for one).
+        """
+        out = []
+        for message in messages:
+            if message.role == "system":
+                raise ValueError(
+                    "MistralChatTemplate (torchtune's) does not take a system message; drop it, or use "
+                    "prompt_template: tune.data.MistralChatFormat, which folds it into the first user turn."
+                )
+            before, after = self.template.get(message.role, ("", ""))
+            content = [{"type": "text", "content": before}, *message.content, {"type": "text", "content": after}]
+            out.append(Message(message.role, content, masked=message.masked, ipython=message.ipython, eot=message.eot))
+        return out
+
+    def __repr__(self) -> str:
+        return "MistralChatTemplate()"

@@ -91,7 +91,9 @@ class PreferenceDataset(Dataset):
         data = _hf.tokenize_rows(
             raw, function, features=features, num_proc=procs, new_fingerprint=key, desc="Tokenizing"
         )
-        self.num_truncated = log_truncated(data, source, function.max_seq_len)
+        self.num_truncated = log_truncated(
+            data, source, function.max_seq_len, labels_columns=("chosen_labels", "rejected_labels")
+        )
         self._data = data.select_columns(list(_COLUMNS))
 
     def __len__(self) -> int:

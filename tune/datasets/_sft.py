@@ -1,13 +1,15 @@
 import gc
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset
 
-from tune.data import FlatSequences, ModelTokenizer
+from tune.data import CROSS_ENTROPY_IGNORE_IDX, FlatSequences, ModelTokenizer
 from tune.data._tokenizers._utils import FlatEncoding
 from tune.datasets import _hf
-from tune.utils import get_logger
+from tune.utils import get_logger, log_rank_zero
 
 _log = get_logger(name=__name__)
 
@@ -82,15 +84,48 @@ def _sft_features():
     return Features({"tokens": ids, "labels": ids, "truncated": Value("bool")})
 
 
-def log_truncated(ds, source: str, max_seq_len: int | None, column: str = "truncated") -> int:
-    """Logs and returns how many samples were cut to ``max_seq_len``."""
+def log_truncated(
+    ds, source: str, max_seq_len: int | None, column: str = "truncated", labels_columns: Sequence[str] = ("labels",)
+) -> int:
+    """Logs and returns how many samples were cut to ``max_seq_len``; warns about samples left without a loss token.
+
+    A sample whose labels (any of ``labels_columns``: both sides of a preference pair) are all ``-100`` trains
+    nothing: typically a prompt longer than ``max_seq_len``, cut before its answer. The count reads the label
+    columns once, in array operations.
+    """
     import pyarrow.compute as pc
 
-    count = int(pc.sum(ds.with_format("arrow")[:].column(column)).as_py() or 0)
+    table = ds.with_format("arrow")[:]
+    cut = table.column(column).to_numpy(zero_copy_only=False).astype(bool)
+    count = int(cut.sum())
     message = f"Dataset {source!r}: {len(ds):,} samples"
     if count:
         message += f", {count:,} truncated to max_seq_len={max_seq_len}"
     _log.info(message + ".")
+    untrained = np.zeros(len(cut), dtype=bool)
+    for name in labels_columns:
+        first = 0
+        for labels in table.column(name).chunks:  # chunk by chunk: memory bounded by a chunk's labels
+            rows = pc.list_parent_indices(labels).to_numpy(zero_copy_only=False)
+            trained = pc.not_equal(pc.list_flatten(labels), CROSS_ENTROPY_IGNORE_IDX).to_numpy(zero_copy_only=False)
+            untrained[first : first + len(labels)] |= np.bincount(rows[trained], minlength=len(labels)) == 0
+            first += len(labels)
+    num_cut, num_other = int((untrained & cut).sum()), int((untrained & ~cut).sum())
+    if num_cut:
+        log_rank_zero(
+            _log,
+            f"Dataset {source!r}: {num_cut:,} of {len(cut):,} samples have no loss token after truncation to "
+            f"max_seq_len={max_seq_len}; they train nothing. Raise tokenizer.max_seq_len, or set "
+            "dataset.train_on_input=True to train on their prompts.",
+            logging.WARNING,
+        )
+    if num_other:
+        log_rank_zero(
+            _log,
+            f"Dataset {source!r}: {num_other:,} of {len(cut):,} samples have every label masked (an empty answer, "
+            "or train_on_input=False with nothing but input); they train nothing.",
+            logging.WARNING,
+        )
     return count
 
 

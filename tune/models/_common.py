@@ -8,8 +8,8 @@ Also here: ``ModelSize``, a row of the table of released sizes each family keeps
 ``lora_builder``, which gives a family's ``lora_<family>`` component builder its signature (the base builder's plus
 the LoRA arguments); ``lora_size_builder`` and ``qlora_builder``, which make the ``lora_*`` and ``qlora_*`` builders
 of a named size from the base one and the table; ``llama_intermediate_dim``
-(the Llama builders' default feed-forward width); ``inst_template`` (the ``[INST]`` text of Llama 2's and Mistral's
-chat templates) and ``check_torchtune_bpe_options`` (torchtune's Qwen tokenizer options tune accepts).
+(the Llama builders' default feed-forward width); and ``check_torchtune_bpe_options`` (torchtune's Qwen tokenizer
+options tune accepts).
 """
 
 import functools
@@ -22,7 +22,6 @@ from typing import Any
 
 from torch import nn
 
-from tune.data import Message
 from tune.modules import (
     FeedForward,
     Llama3ScaledRoPE,
@@ -506,34 +505,6 @@ def lora_size_builder(
         ]
     )
     return _named(builder, f"lora_{base.__name__}", base.__module__, doc, signature)
-
-
-def inst_template(messages: list[Message], system_tags: tuple[str, str]) -> list[Message]:
-    """The ``[INST]`` text layout of Llama 2 and Mistral, as a prompt template's call.
-
-    Each user turn becomes ``"[INST] {text} [/INST] "``; a system message is dropped and its text, wrapped in
-    ``system_tags``, opens the first user turn after it (the layout of the families' Hugging Face chat templates).
-    Other turns are left as they are.
-
-    Args:
-        messages (list[Message]): one conversation.
-        system_tags (tuple[str, str]): text before and after the system prompt inside the user turn.
-
-    Returns:
-        list[Message]: the templated conversation (the input messages are not changed).
-    """
-    out, system = [], ""
-    for message in messages:
-        if message.role == "system":
-            system = f"{system_tags[0]}{message.text_content}{system_tags[1]}"
-            continue
-        if message.role == "user":
-            parts = [{"type": "text", "content": f"[INST] {system}"}, *message.content]
-            parts.append({"type": "text", "content": " [/INST] "})
-            message = Message("user", parts, masked=message.masked, ipython=message.ipython, eot=message.eot)
-            system = ""
-        out.append(message)
-    return out
 
 
 def check_torchtune_bpe_options(options: dict[str, Any]) -> None:

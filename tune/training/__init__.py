@@ -40,7 +40,13 @@ from tune.training._distributed import (
 from tune.training._expert_parallel import apply_expert_parallel, init_expert_parallel_mesh
 from tune.training._finetuning_schedule import FinetuningSchedule, auto_finetuning_phases
 from tune.training._grad import FiniteLossCheck, NonFiniteLossError, check_loss_is_finite, clip_grad_norm
-from tune.training._loss_scaling import num_loss_tokens, scale_grads, step_loss_scale
+from tune.training._loss_scaling import (
+    LossTokenCounter,
+    NoLossTokensError,
+    num_loss_tokens,
+    scale_grads,
+    step_loss_scale,
+)
 from tune.training._model_converters import (
     FakeQuantizedLoRALinear,
     Float8TrainingConverter,
@@ -166,9 +172,11 @@ __all__ = [
     "Float8TrainingConverter",
     "Int8DynActInt4WeightQATConverter",
     "LoRAConverter",
+    "LossTokenCounter",
     "MLFlowLogger",
     "MetricLoggerInterface",
     "ModelConverter",
+    "NoLossTokensError",
     "NoOpManager",
     "NonFiniteLossError",
     "OffloadActivations",

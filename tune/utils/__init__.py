@@ -17,7 +17,11 @@ _LAZY = {
     name: "tune.utils._device"
     for name in (
         "DeviceSupport",
+        "DEVICE_CHOICES",
+        "DTYPE_CHOICES",
         "batch_to_device",
+        "cpu_has_native_bf16",
+        "device_problem",
         "get_device",
         "get_device_support",
         "get_dtype",
@@ -30,9 +34,13 @@ _LAZY = {
 }
 
 __all__ = [
+    "DEVICE_CHOICES",
+    "DTYPE_CHOICES",
     "DeviceSupport",
     "TuneError",
     "batch_to_device",
+    "cpu_has_native_bf16",
+    "device_problem",
     "get_device",
     "get_device_support",
     "get_dtype",

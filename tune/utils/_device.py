@@ -17,6 +17,79 @@ _DTYPES = {
 }
 
 
+# what a config's `dtype` may say, for messages
+DTYPE_CHOICES = "one of fp32, bf16, fp16, fp64 (or float32, bfloat16, float16, float64)"
+# what a config's `device` may say, for messages
+DEVICE_CHOICES = "one of cpu, cuda, cuda:N (a GPU index), mps, xpu, npu, or auto (the best available)"
+
+
+def device_problem(device: Any, check_present: bool = True) -> str | None:
+    """What is wrong with a config's ``device`` value, or None when it names a device (present on this machine,
+    when ``check_present``).
+
+    Args:
+        device (Any): the value: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, ``"auto"``, ``None``, ...
+        check_present (bool): also report an accelerator this machine does not have.
+
+    Returns:
+        str | None: a message that says what is allowed and how to fix it.
+    """
+    if device is None or device == "auto":
+        return None
+    if not isinstance(device, str):
+        return f"must be {DEVICE_CHOICES}"
+    try:
+        parsed = torch.device(device)
+        kind = parsed.type
+    except RuntimeError:
+        return f"must be {DEVICE_CHOICES}"
+    if not check_present:
+        return None
+    if kind == "cuda" and not torch.cuda.is_available():
+        return (
+            "no CUDA device is visible on this machine (torch.cuda.is_available() is False); to run on the CPU "
+            "set device=cpu (dtype=fp32 is the fast choice on most CPUs), or run where a GPU is visible"
+        )
+    if kind == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        return f"only {count} CUDA device(s) are visible on this machine: use cuda:0 to cuda:{count - 1}, or cuda"
+    if kind == "mps" and not torch.backends.mps.is_available():
+        return "MPS is not available on this machine; to run on the CPU set device=cpu"
+    accelerator = getattr(torch, kind, None)
+    if kind in ("xpu", "npu") and not (accelerator is not None and accelerator.is_available()):
+        return f"no {kind.upper()} device is visible on this machine; to run on the CPU set device=cpu"
+    return None
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes in bfloat16 natively (x86: the ``avx512_bf16`` or ``amx_bf16`` flags; Arm: ``bf16``).
+
+    Without it, bf16 matrix products are emulated and training in bf16 runs many times slower than in fp32. True
+    when it cannot be told (no ``/proc/cpuinfo``): no warning is better than a wrong one.
+
+    Args:
+        cpuinfo (str | None): the text of ``/proc/cpuinfo``; read from the file when None.
+
+    Returns:
+        bool: whether bf16 runs natively (or it cannot be told).
+    """
+    text = cpuinfo
+    if text is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            return True
+    flags: set[str] = set()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    if not flags:
+        return True
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def get_rank() -> int:
     """Rank of this process in the default process group, or ``RANK`` from torchrun, else 0."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -42,11 +115,14 @@ def get_device(device: str | torch.device | None = None) -> torch.device:
         torch.device: the device.
 
     Raises:
-        ValueError: if the device is not available on this machine.
+        ValueError: if the name is not a device, or the device is not available on this machine.
     """
     if device is None or device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be {DEVICE_CHOICES}; got {device!r}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(
@@ -80,7 +156,7 @@ def get_dtype(dtype: str | torch.dtype | None = None, device: torch.device | Non
     else:
         key = str(dtype).lower().removeprefix("torch.")
         if key not in _DTYPES:
-            raise ValueError(f"Unknown dtype {dtype!r}. Use one of: {', '.join(sorted(set(_DTYPES)))}.")
+            raise ValueError(f"dtype must be {DTYPE_CHOICES}; got {dtype!r}")
         resolved = _DTYPES[key]
     if (
         resolved == torch.bfloat16

@@ -193,3 +193,48 @@ def test_a_plugin_config_validates_against_its_plugin_recipe(shipped, demo_plugi
         assert validate_config(find_config("demo/tiny"), recipe.path) == []
         problems = validate_config(find_config("demo/tiny"), recipe.path, ["greeting.tims=2", "~farewell"])
     assert [str(p).split(":")[0] for p in problems] == ["greeting.tims = 2", "farewell"]
+
+
+def test_values_are_checked_against_the_component_annotations(tmp_path, monkeypatch):
+    # a module of components with every kind of annotation the check reads
+    (tmp_path / "annotated.py").write_text(
+        textwrap.dedent(
+            """
+            from typing import Literal, Optional
+
+            def build(
+                rank: int,
+                scale: float = 1.0,
+                packed: bool = False,
+                mode: Literal["sum", "mean"] = "sum",
+                limit: Optional[int] = None,
+                loose: int = None,
+                names: list[str] | None = None,
+                anything=None,
+            ):
+                return None
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from tune.config import value_problems
+
+    def problems(**args):
+        return [str(p) for p in value_problems({"node": {"_component_": "annotated.build", **args}})]
+
+    assert problems(rank=8, scale=2, packed=True, mode="mean", limit=None, loose=None, names=["a"], anything="x") == []
+    assert problems(rank="eight") == [
+        "node.rank = 'eight': must be an integer (argument 'rank' of annotated.build); got a string"
+    ]
+    assert problems(rank=8.0, packed="maybe", mode="max", limit="ten", names="a") == [
+        "node.rank = 8.0: must be an integer (argument 'rank' of annotated.build); got a number",
+        "node.packed = 'maybe': must be true or false (argument 'packed' of annotated.build); got a string",
+        "node.mode = 'max': must be one of 'sum', 'mean' (argument 'mode' of annotated.build); got a string",
+        "node.limit = 'ten': must be an integer or null (argument 'limit' of annotated.build); got a string",
+        "node.names = 'a': must be a list or null (argument 'names' of annotated.build); got a string",
+    ]
+    assert problems(rank=True) == [
+        "node.rank = True: must be an integer (argument 'rank' of annotated.build); got a boolean"
+    ]
+    # a nested component is built at run time: its node is not the argument's value
+    assert problems(rank={"_component_": "annotated.build", "rank": 2}) == []

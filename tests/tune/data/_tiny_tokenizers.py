@@ -290,7 +290,7 @@ def torchtune_no_template_reference(model_path: "str | Path", messages: list[Mes
 
     - BOS opens a turn (the first message, and the message after each assistant message); EOS follows each
       assistant message; BOS and EOS carry the mask of the message they belong to, as every token does;
-    - each message is encoded on its own, trailing spaces removed;
+    - each text part of each message is encoded on its own, trailing spaces removed;
     - a message that continues a turn, when the previous message did not end in a space and the vocabulary encodes
       whitespace, is encoded as "\\n" + text with the tokens of "\\n" then dropped (no dummy-prefix space).
     """
@@ -306,14 +306,15 @@ def torchtune_no_template_reference(model_path: "str | Path", messages: list[Mes
         if new_turn:
             tokens.append(sp.bos_id())
             mask.append(message.masked)
-        text = message.text_content.rstrip(" ")
-        if not new_turn and not previous_space and encodes_whitespace:
-            ids = sp.encode("\n" + text)[len(newline) :]
-        else:
-            ids = sp.encode(text)
-        tokens += ids
-        mask += [message.masked] * len(ids)
-        previous_space = message.text_content.endswith(" ")
+        texts = [part["content"].rstrip(" ") for part in message.content if part["type"] == "text"]
+        for text in texts:
+            if not new_turn and not previous_space and encodes_whitespace:
+                ids = sp.encode("\n" + text)[len(newline) :]
+            else:
+                ids = sp.encode(text)
+            tokens += ids
+            mask += [message.masked] * len(ids)
+        previous_space = message.content[-1]["content"].endswith(" ")
         new_turn = message.role == "assistant"
         if new_turn:
             tokens.append(sp.eos_id())

@@ -9,7 +9,8 @@ from tune.models.llama3._tokenizer import llama3_tokenizer
 
 @pytest.fixture(scope="module")
 def tok():
-    return llama3_tokenizer(str(tiktoken_file()))
+    # tune's Hugging Face-exact format (the builder's default is torchtune's layout: test_torchtune_tokens.py)
+    return llama3_tokenizer(str(tiktoken_file()), prompt_template="tune.data.Llama3ChatFormat")
 
 
 def _runs(tok, tokens, mask):
@@ -127,7 +128,7 @@ class TestOpenEndsAndTruncation:
     def test_truncation(self, tok):
         messages = mask_messages(conversation())
         full, full_mask = tok.tokenize_messages(messages)
-        short = llama3_tokenizer(str(tiktoken_file()), max_seq_len=20)
+        short = llama3_tokenizer(str(tiktoken_file()), max_seq_len=20, prompt_template="tune.data.Llama3ChatFormat")
         tokens, mask = short.tokenize_messages(messages)
         assert tokens == full[:19] + [short.eos_id] and mask == full_mask[:19] + [True]
         tokens, mask = short.tokenize_messages(messages, add_end_tokens=False)

@@ -74,19 +74,22 @@ class TestTokenizersApplyTemplates:
     def test_llama3_tokenizes_the_templated_text(self, prompt_template):
         templated = llama3_tokenizer(str(tiny.tiktoken_file()), prompt_template=prompt_template)
         plain = llama3_tokenizer(str(tiny.tiktoken_file()))
-        wrapped = [Message("user", "Question: Why?\n\nAnswer: ", masked=True), Message("assistant", "Because.")]
+        # torchtune's layout: the template's text as parts of their own, each encoded on its own
+        parts = [{"type": "text", "content": text} for text in ("Question: ", "Why?", "\n\nAnswer: ")]
+        wrapped = [Message("user", parts, masked=True), Message("assistant", "Because.")]
         assert templated.tokenize_messages(_conversation()[1:]) == plain.tokenize_messages(wrapped)
 
     def test_llama2_without_chat_template_follows_torchtune_layout(self):
         model = tiny.sentencepiece_model() / "tokenizer.model"
         tok = llama2_tokenizer(str(model), prompt_template="tune.data.GrammarErrorCorrectionTemplate")
         messages = [Message("user", "he go home", masked=True), Message("assistant", "He goes home.")]
-        wrapped = [Message("user", "Correct this to standard English: he go home\n---\nCorrected: ", masked=True),
-                   messages[1]]  # fmt: skip
+        # torchtune's templates add their text as parts of their own, each encoded on its own
+        parts = ["Correct this to standard English: ", "he go home", "\n---\nCorrected: "]
+        wrapped = [Message("user", [{"type": "text", "content": p} for p in parts], masked=True), messages[1]]
         assert tok.tokenize_messages(messages) == tiny.torchtune_no_template_reference(model, wrapped)
 
     def test_llama3_tool_call_opens_with_python_tag(self):
-        tok = llama3_tokenizer(str(tiny.tiktoken_file()))
+        tok = llama3_tokenizer(str(tiny.tiktoken_file()), prompt_template="tune.data.Llama3ChatFormat")
         messages = [Message("user", "call it", masked=True), Message("assistant", "f()", ipython=True)]
         tokens, mask = tok.tokenize_messages(messages)
         tag = tok.special_tokens["<|python_tag|>"]

@@ -365,7 +365,7 @@ def _family_tokenizers():
     return {
         "llama2": lambda: llama2_tokenizer(sp),
         "llama3": lambda: llama3_tokenizer(str(tiktoken_file())),
-        "mistral": lambda: mistral_tokenizer(sp),
+        "mistral": lambda: mistral_tokenizer(sp, prompt_template="tune.data.MistralChatFormat"),
         "qwen2_5": lambda: qwen2_5_tokenizer(str(qwen_tokenizer_json())),
         "qwen3": lambda: qwen3_tokenizer(str(qwen_tokenizer_json(qwen3=True))),
         "gemma2": lambda: gemma2_tokenizer(str(sentencepiece_model(False, True) / "tokenizer.model")),

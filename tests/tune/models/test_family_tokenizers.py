@@ -38,7 +38,7 @@ from tests.tune.models._chat_templates import (
     QWEN2_5_TEMPLATE,
     QWEN3_TEMPLATE,
 )
-from tune.data import Message, mask_messages
+from tune.data import Llama2ChatFormat, Llama3ChatFormat, Message, MistralChatFormat, mask_messages
 from tune.models import gemma
 from tune.models.gemma2 import GemmaTokenizer, gemma2_tokenizer, gemma_tokenizer
 from tune.models.gemma3 import gemma3_tokenizer
@@ -139,7 +139,6 @@ class Family:
     tool_error: str | None = None  # the error a tool message raises where the format has no tool role
     torchtune_class: type | None = None  # torchtune's tokenizer class, which the builder returns
     torchtune: Callable[[Any], list[Any]] = field(default=lambda ours: [])  # the class built directly
-    chat_template_class: str | None = None  # the prompt_template the builder defaults to, by its short path
     no_template_seed: int | None = None  # the seed of the prompt_template=None conversations
 
 
@@ -180,7 +179,9 @@ FAMILIES = [
     ),
     Family(
         name="llama2",
-        builder=llama2_tokenizer,
+        # tune's Hugging Face-exact format; the default (torchtune's Llama2ChatTemplate) gives torchtune's tokens
+        # (tests/recipes/test_torchtune_tokens.py)
+        builder=functools.partial(llama2_tokenizer, prompt_template="tune.data.Llama2ChatFormat"),
         files={"tokenizer.model": _sentencepiece_file},
         reference=lambda template: legacy_sentencepiece_reference(sentencepiece_model(), template),
         template=LLAMA2_TEMPLATE,
@@ -191,15 +192,16 @@ FAMILIES = [
         tool_error="role 'tool'",
         torchtune_class=Llama2Tokenizer,
         torchtune=lambda ours: [
-            Llama2Tokenizer(str(_sentencepiece_file()), None, Llama2ChatTemplate()),
-            Llama2Tokenizer(str(_sentencepiece_file()), None, Llama2ChatTemplate),
+            Llama2Tokenizer(str(_sentencepiece_file()), None, Llama2ChatFormat()),
+            Llama2Tokenizer(str(_sentencepiece_file()), None, Llama2ChatFormat),
         ],
-        chat_template_class="llama2.Llama2ChatTemplate",
         no_template_seed=3,
     ),
     Family(
         name="llama3",
-        builder=llama3_tokenizer,
+        # tune's Hugging Face-exact format; the default (torchtune's layout) gives torchtune's tokens
+        # (tests/recipes/test_torchtune_tokens.py)
+        builder=functools.partial(llama3_tokenizer, prompt_template="tune.data.Llama3ChatFormat"),
         files={"tokenizer.model": tiktoken_file},
         reference=_llama3_reference,
         template=LLAMA3_TEMPLATE,
@@ -209,7 +211,9 @@ FAMILIES = [
         encode_text=TEXT + " <|eot_id|>",
         generation_suffix="<|start_header_id|>assistant<|end_header_id|>\n\n",
         torchtune_class=Llama3Tokenizer,
-        torchtune=lambda ours: [Llama3Tokenizer(str(tiktoken_file()), dict(ours.special_tokens), None, None)],
+        torchtune=lambda ours: [
+            Llama3Tokenizer(str(tiktoken_file()), dict(ours.special_tokens), None, Llama3ChatFormat())
+        ],
     ),
     Family(
         # Llama 4's template trims only the system prompt
@@ -231,7 +235,9 @@ FAMILIES = [
     ),
     Family(
         name="mistral",
-        builder=mistral_tokenizer,
+        # tune's Hugging Face-exact format; the default (torchtune's MistralChatTemplate) gives torchtune's tokens
+        # (tests/recipes/test_torchtune_tokens.py)
+        builder=functools.partial(mistral_tokenizer, prompt_template="tune.data.MistralChatFormat"),
         files={"tokenizer.model": _sentencepiece_file},
         reference=lambda template: legacy_sentencepiece_reference(sentencepiece_model(), template),
         template=MISTRAL_TEMPLATE,
@@ -241,8 +247,7 @@ FAMILIES = [
         ids=lambda ours: (1, 2, 0, [2]),
         tool_error="mistral chat format does not support",
         torchtune_class=MistralTokenizer,
-        torchtune=lambda ours: [MistralTokenizer(str(_sentencepiece_file()), prompt_template=MistralChatTemplate())],
-        chat_template_class="mistral.MistralChatTemplate",
+        torchtune=lambda ours: [MistralTokenizer(str(_sentencepiece_file()), prompt_template=MistralChatFormat())],
         no_template_seed=4,
     ),
     Family(
@@ -337,7 +342,7 @@ def _runs(ours, tokens: list[int], mask: list[bool]) -> list[str]:
 @pytest.mark.parametrize("family, file", _cases())
 def test_registry_entry_and_special_ids(family, file):
     ours = _ours(family.name, file)
-    assert get_model_family(family.name).tokenizer is family.builder
+    assert get_model_family(family.name).tokenizer is getattr(family.builder, "func", family.builder)
     assert (ours.bos_id, ours.eos_id, ours.pad_id, ours.stop_tokens) == family.ids(ours)
 
 
@@ -419,17 +424,6 @@ def test_no_template_matches_torchtune_rule(family, file):
     for i, messages in enumerate(random_conversations(count=30, seed=family.no_template_seed)):
         messages = mask_messages(messages, strategies[i % 3])
         assert tokenizer.tokenize_messages(messages) == torchtune_no_template_reference(path, messages)
-
-
-@pytest.mark.parametrize("family, file", _cases("chat_template_class"))
-def test_template_names_select_the_chat_format(family, file):
-    path = str(family.files[file]())
-    messages = mask_messages(conversation())
-    expected = _ours(family.name, file).tokenize_messages(messages)  # the default, as in torchtune
-    for prefix in ["tune.models.", "torchtune.models."]:
-        named = family.builder(path, prompt_template=prefix + family.chat_template_class)
-        assert named.tokenize_messages(messages) == expected
-    assert "[INST]" in _ours(family.name, file).decode(expected[0])
 
 
 # ---- Gemma 2 and Gemma 3 -----------------------------------------------------------------------------------------
@@ -530,14 +524,15 @@ def test_llama2_chat_format_matches_meta_reference(system):
         assert ours.tokenize_messages(dialog)[0] == meta_llama2_chat_reference(path, as_dicts(dialog))
 
 
-def test_llama2_chat_template_called_on_messages_writes_inst_text():
+def test_llama2_chat_template_called_on_messages_writes_torchtunes_parts():
     messages = [Message("system", "S"), Message("user", "U1"), Message("assistant", "A1"), Message("user", "U2")]
     out = Llama2ChatTemplate()(messages)
-    # the Hugging Face template's text, without BOS/EOS: the system prompt opens the first user turn only
-    assert [(m.role, m.text_content) for m in out] == [
-        ("user", "[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] "),
-        ("assistant", "A1"),
-        ("user", "[INST] U2 [/INST] "),
+    # torchtune 0.6.1's layout: the tags as parts of their own, the system prompt in every user turn after it
+    system = ["<<SYS>>\n", "S", "\n<</SYS>>\n\n"]
+    assert [(m.role, [p["content"] for p in m.content]) for m in out] == [
+        ("user", ["[INST] ", *system, "U1", " [/INST] "]),
+        ("assistant", ["A1"]),
+        ("user", ["[INST] ", *system, "U2", " [/INST] "]),
     ]
 
 
@@ -569,6 +564,7 @@ def test_llama3_tokenizer_json_gives_the_same_tokens(tmp_path):
     _reference("llama3", LLAMA3_TEMPLATE).backend_tokenizer.save(str(tmp_path / "tokenizer.json"))
     from_json = llama3_tokenizer(str(tmp_path / "tokenizer.json"))
     messages = mask_messages(conversation())
+    # with a tokenizer.json (a path torchtune did not take) the default is the Hugging Face-exact format
     assert from_json.tokenize_messages(messages) == ours.tokenize_messages(messages)
     assert (from_json.bos_id, from_json.eos_id, from_json.pad_id) == (ours.bos_id, ours.eos_id, ours.pad_id)
     text = "plain text, 2024"
@@ -617,9 +613,13 @@ def test_mistral_roles_and_empty_content_errors():
         ours.tokenize_messages([Message("user", "q"), Message("assistant", "  ")])
 
 
-def test_mistral_chat_template_folds_the_system_prompt():
-    folded = MistralChatTemplate()([Message("system", "S"), Message("user", "U")])
-    assert [(m.role, m.text_content) for m in folded] == [("user", "[INST] S\n\nU [/INST] ")]
+def test_mistral_chat_template_is_torchtunes():
+    # torchtune 0.6.1's template: tags as parts of their own; a system message is refused (tune's
+    # MistralChatFormat folds it into the first user turn instead)
+    out = MistralChatTemplate()([Message("user", "U"), Message("assistant", "A")])
+    assert [[p["content"] for p in m.content] for m in out] == [["[INST] ", "U", " [/INST] "], ["", "A", ""]]
+    with pytest.raises(ValueError, match="does not take a system message.*tune.data.MistralChatFormat"):
+        MistralChatTemplate()([Message("system", "S"), Message("user", "U")])
 
 
 # ---- Phi-3 -------------------------------------------------------------------------------------------------------

@@ -165,7 +165,8 @@ optional system message!") }}
 
 @pytest.fixture(scope="module")
 def ours_v0_3():
-    return mistral_tokenizer(str(sentencepiece_model(mistral_v0_3=True) / "tokenizer.model"))
+    path = sentencepiece_model(mistral_v0_3=True) / "tokenizer.model"
+    return mistral_tokenizer(str(path), prompt_template="tune.data.MistralChatFormat")
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +243,7 @@ def test_v0_3_without_a_template_is_torchtunes_plain_layout():
 def test_a_v0_1_style_model_keeps_the_text_inst_format():
     # no control pieces: [INST] / [/INST] are text, token for token as the v0.1/v0.2 template gives them
     directory = sentencepiece_model()
-    ours = mistral_tokenizer(str(directory / "tokenizer.model"))
+    ours = mistral_tokenizer(str(directory / "tokenizer.model"), prompt_template="tune.data.MistralChatFormat")
     reference = legacy_sentencepiece_reference(directory, MISTRAL_TEMPLATE)
     assert isinstance(ours.chat_format, MistralChatFormat)
     assert ours.special_tokens == {"<s>": 1, "</s>": 2}

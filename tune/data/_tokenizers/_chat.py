@@ -70,13 +70,14 @@ def select_chat_format(
     chat_format: ChatFormat,
     plain_format: ChatFormat,
 ) -> tuple[ChatFormat, "PromptTemplate | str | None"]:
-    """How a SentencePiece family without intrinsic special tokens (Llama 2, Mistral) lays out a conversation,
-    following torchtune's ``prompt_template`` argument.
+    """How a family whose torchtune tokenizer takes a ``prompt_template`` (Llama 2, Mistral, Llama 3) lays out a
+    conversation:
 
-    - one of ``chat_template_names`` (the family's chat template by dotted name, e.g.
-      ``"tune.models.llama2.Llama2ChatTemplate"``, the builders' default): the family's chat format;
-    - None: no template, :class:`~tune.data.PlainChatFormat` (torchtune's ``prompt_template=None``);
-    - any other template: applied to the messages, then laid out without a template, as torchtune does.
+    - one of ``chat_template_names`` (tune's Hugging Face-exact chat format by dotted name, e.g.
+      ``"tune.data.Llama2ChatFormat"``): ``chat_format``, with no template;
+    - None: no template, laid out as torchtune does (``plain_format``: :class:`~tune.data.PlainChatFormat` for the
+      SentencePiece families);
+    - any other template (torchtune's default ones included): applied to the messages, then ``plain_format``.
 
     Returns:
         tuple[ChatFormat, PromptTemplate | str | None]: the chat format and the prompt template left to apply.

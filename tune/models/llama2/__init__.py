@@ -1,5 +1,6 @@
 """Llama 2: builders, Hugging Face weight conversion, and the family's declaration."""
 
+from tune.data._prompt_templates import Llama2ChatTemplate
 from tune.models._family import family_builders
 from tune.models._parallel import base_llama_tp_plan
 from tune.models.llama2 import _component_builders, _model_builders
@@ -19,7 +20,6 @@ from tune.models.llama2._model_builders import (
     qlora_llama2_70b,
     qlora_llama2_reward_7b,
 )
-from tune.models.llama2._prompt_template import Llama2ChatTemplate
 from tune.models.llama2._tokenizer import Llama2Tokenizer, llama2_tokenizer
 from tune.registry import ModelFamily, TorchtuneLayout
 

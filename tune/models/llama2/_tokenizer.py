@@ -1,19 +1,22 @@
-"""Llama 2 tokenizer: SentencePiece ``tokenizer.model`` with the Llama 2 chat format."""
+"""Llama 2 tokenizer: SentencePiece ``tokenizer.model`` with torchtune's Llama 2 chat template, or tune's Hugging
+Face-exact Llama 2 chat format."""
 
 from tune.data._chat_formats import Llama2ChatFormat, PlainChatFormat
+from tune.data._prompt_templates import Llama2ChatTemplate
 from tune.data._tokenizers import ChatTokenizer, PromptTemplate, SentencePieceBaseTokenizer, select_chat_format
-from tune.models.llama2._prompt_template import Llama2ChatTemplate
 
-# The name of the family's chat template, as torchtune configs spell it (``tune.`` or ``torchtune.``): selects
-# the chat format below.
-LLAMA2_CHAT_TEMPLATE = "tune.models.llama2.Llama2ChatTemplate"
-_CHAT_TEMPLATE_NAMES = frozenset({LLAMA2_CHAT_TEMPLATE, "torchtune.models.llama2.Llama2ChatTemplate"})
+# tune's name for the Hugging Face-exact Llama 2 chat format, as ``prompt_template`` (torchtune's
+# Llama2ChatTemplate, the default, keeps torchtune's tokens instead).
+LLAMA2_CHAT_FORMAT = "tune.data.Llama2ChatFormat"
 
 
-def _chat_template_name(prompt_template: object) -> object:
-    """The family's chat template given as an instance or the class, by its dotted name (other values unchanged)."""
-    if prompt_template is Llama2ChatTemplate or isinstance(prompt_template, Llama2ChatTemplate):
-        return LLAMA2_CHAT_TEMPLATE
+def _chat_format_name(prompt_template: object) -> object:
+    """:class:`~tune.data.Llama2ChatFormat` given as the class or an instance, by its dotted name; torchtune's
+    dotted name of the template, the template (other values unchanged)."""
+    if prompt_template is Llama2ChatFormat or isinstance(prompt_template, Llama2ChatFormat):
+        return LLAMA2_CHAT_FORMAT
+    if prompt_template == "torchtune.models.llama2.Llama2ChatTemplate":  # a config's spelling before `tune migrate`
+        return Llama2ChatTemplate()
     return prompt_template
 
 
@@ -23,12 +26,13 @@ class Llama2Tokenizer(ChatTokenizer):
     Args:
         path (str): ``tokenizer.model`` (SentencePiece) of a Llama 2 checkpoint.
         max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): :class:`Llama2ChatTemplate` (the default; an instance, the
-            class or its dotted name, ``tune.`` or ``torchtune.``) selects the ``[INST] <<SYS>>`` chat format
-            of ``meta-llama/Llama-2-7b-chat-hf``. None lays the messages out without a template
-            (:class:`~tune.data.PlainChatFormat`: BOS, each message's text, EOS after each answer; e.g. for
-            Alpaca, whose prompt is in the text). Any other template (a callable, or its dotted path) is applied
-            to the messages, which are then laid out without a template, as torchtune does.
+        prompt_template (PromptTemplate | str | None): as in torchtune, a template (a callable, or its dotted path;
+            the default is torchtune's :class:`Llama2ChatTemplate`) is applied to the messages, which are then
+            laid out without a chat format (:class:`~tune.data.PlainChatFormat`: BOS, each text part, EOS after
+            each answer), giving torchtune's tokens; None lays them out with no template (e.g. for Alpaca, whose
+            prompt is in the text). tune's :class:`~tune.data.Llama2ChatFormat` (the class, an instance or
+            ``"tune.data.Llama2ChatFormat"``) selects instead the chat format of
+            ``meta-llama/Llama-2-7b-chat-hf``, token for token, which tune's own configs use.
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
@@ -42,8 +46,8 @@ class Llama2Tokenizer(ChatTokenizer):
     ) -> None:
         sp = SentencePieceBaseTokenizer(path)
         chat_format, template = select_chat_format(
-            _chat_template_name(prompt_template),
-            _CHAT_TEMPLATE_NAMES,
+            _chat_format_name(prompt_template),
+            {LLAMA2_CHAT_FORMAT},
             Llama2ChatFormat("<s>", "</s>"),
             PlainChatFormat("<s>", "</s>"),
         )
@@ -63,15 +67,15 @@ class Llama2Tokenizer(ChatTokenizer):
 def llama2_tokenizer(
     path: str,
     max_seq_len: int | None = None,
-    prompt_template: "PromptTemplate | str | None" = LLAMA2_CHAT_TEMPLATE,
+    prompt_template: "PromptTemplate | str | None" = "tune.models.llama2.Llama2ChatTemplate",
 ) -> Llama2Tokenizer:
-    """The Llama 2 tokenizer with the ``[INST] <<SYS>>`` chat format of ``meta-llama/Llama-2-7b-chat-hf``.
+    """The Llama 2 tokenizer, by default with torchtune's ``Llama2ChatTemplate`` (torchtune's tokens).
 
     Args:
         path (str): ``tokenizer.model`` (SentencePiece) of a Llama 2 checkpoint.
         max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): as in torchtune; see :class:`Llama2Tokenizer`. The default,
-            ``"tune.models.llama2.Llama2ChatTemplate"``, selects the chat format above.
+        prompt_template (PromptTemplate | str | None): as in torchtune; see :class:`Llama2Tokenizer`.
+            ``"tune.data.Llama2ChatFormat"`` selects the Hugging Face-exact chat format.
 
     Returns:
         Llama2Tokenizer: BOS ``<s>`` (1), EOS ``</s>`` (2), pad 0, stop tokens ``[</s>]``.

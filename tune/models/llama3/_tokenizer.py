@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tune.data._chat_formats import Llama3ChatFormat
+from tune.data._chat_formats import Llama3ChatFormat, TorchtuneLlama3Format
 from tune.data._tokenizers import (
     ChatTokenizer,
     HuggingFaceBaseTokenizer,
@@ -12,6 +12,7 @@ from tune.data._tokenizers import (
     TokenizerFileNotFoundError,
     load_tiktoken_ranks,
     read_json_file,
+    select_chat_format,
 )
 
 # Llama 3's pre-tokenisation regex (from Meta's reference tokenizer): contractions, letters with an optional
@@ -84,6 +85,18 @@ def _text_tokenizer(
     return text, special
 
 
+# tune's name for the Hugging Face-exact Llama 3 chat format, as ``prompt_template``
+LLAMA3_CHAT_FORMAT = "tune.data.Llama3ChatFormat"
+
+
+def _chat_format_name(prompt_template: object) -> object:
+    """:class:`~tune.data.Llama3ChatFormat` given as the class or an instance, by its dotted name (other values
+    unchanged)."""
+    if prompt_template is Llama3ChatFormat or isinstance(prompt_template, Llama3ChatFormat):
+        return LLAMA3_CHAT_FORMAT
+    return prompt_template
+
+
 class Llama3Tokenizer(ChatTokenizer):
     """The Llama 3 tokenizer (torchtune's class; :func:`llama3_tokenizer` returns one).
 
@@ -93,7 +106,11 @@ class Llama3Tokenizer(ChatTokenizer):
         special_tokens (dict[str, int] | None): special token -> id, replacing the built-in ones (with a
             ``tokenizer.model``). Default None: Llama 3's.
         max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
+        prompt_template (PromptTemplate | str | None): as in torchtune, applied to the messages, which are then laid
+            out as torchtune does (:class:`TorchtuneLlama3Format`, torchtune's tokens). tune's
+            :class:`~tune.data.Llama3ChatFormat` (the class, an instance or ``"tune.data.Llama3ChatFormat"``)
+            selects instead the chat format of ``meta-llama/Meta-Llama-3-8B-Instruct``, token for token, which
+            tune's own configs use; it is also the layout with a ``tokenizer.json`` (a path torchtune did not take).
 
     Raises:
         FileNotFoundError: if a file does not exist.
@@ -108,9 +125,13 @@ class Llama3Tokenizer(ChatTokenizer):
         prompt_template: "PromptTemplate | str | None" = None,
     ) -> None:
         text, special = _text_tokenizer(path, special_tokens)
+        torchtune_format = Llama3ChatFormat() if isinstance(text, HuggingFaceBaseTokenizer) else TorchtuneLlama3Format()
+        chat_format, prompt_template = select_chat_format(
+            _chat_format_name(prompt_template), {LLAMA3_CHAT_FORMAT}, Llama3ChatFormat(), torchtune_format
+        )
         super().__init__(
             text,
-            Llama3ChatFormat(),
+            chat_format,
             bos_id=special["<|begin_of_text|>"],
             eos_id=special["<|end_of_text|>"],
             pad_id=special["<|finetune_right_pad_id|>"],
@@ -127,7 +148,8 @@ def llama3_tokenizer(
     max_seq_len: int | None = None,
     prompt_template: "PromptTemplate | str | None" = None,
 ) -> Llama3Tokenizer:
-    """The Llama 3 tokenizer with the header-token chat format of ``meta-llama/Meta-Llama-3-8B-Instruct``.
+    """The Llama 3 tokenizer: torchtune's layout by default (:class:`TorchtuneLlama3Format`), the header-token chat
+    format of ``meta-llama/Meta-Llama-3-8B-Instruct`` with ``prompt_template="tune.data.Llama3ChatFormat"``.
 
     Args:
         path (str): ``tokenizer.model`` (tiktoken BPE file; ``original/tokenizer.model`` in Hugging Face repos),
@@ -135,7 +157,7 @@ def llama3_tokenizer(
         special_tokens_path (str | None): a Hugging Face ``tokenizer.json`` whose ``added_tokens`` replace the
             built-in special tokens (for checkpoints that renamed reserved tokens).
         max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
+        prompt_template (PromptTemplate | str | None): see :class:`Llama3Tokenizer`.
 
     Returns:
         Llama3Tokenizer: BOS ``<|begin_of_text|>``, EOS ``<|end_of_text|>``, pad ``<|finetune_right_pad_id|>``,

@@ -1,5 +1,6 @@
 """Mistral: builders, Hugging Face weight conversion, and the family's declaration."""
 
+from tune.data._prompt_templates import MistralChatTemplate
 from tune.models._family import family_builders
 from tune.models._parallel import base_llama_tp_plan
 from tune.models.mistral import _component_builders, _model_builders
@@ -19,7 +20,6 @@ from tune.models.mistral._model_builders import (
     qlora_mistral_nemo_12b,
     qlora_mistral_reward_7b,
 )
-from tune.models.mistral._prompt_template import MistralChatTemplate
 from tune.models.mistral._tekken import MistralNemoChatFormat, mistral_nemo_tokenizer
 from tune.models.mistral._tokenizer import MistralTokenizer, MistralV3ChatFormat, mistral_tokenizer
 from tune.registry import ModelFamily, TorchtuneLayout

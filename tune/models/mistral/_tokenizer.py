@@ -5,20 +5,22 @@ from collections.abc import Sequence
 
 from tune.data import Message
 from tune.data._chat_formats import MistralChatFormat, PlainChatFormat, Segment
+from tune.data._prompt_templates import MistralChatTemplate
 from tune.data._tokenizers import ChatTokenizer, PromptTemplate, SentencePieceBaseTokenizer, select_chat_format
-from tune.models.mistral._prompt_template import MistralChatTemplate
 from tune.models.mistral._tekken import render_control_inst
 
-# The name of the family's chat template, as torchtune configs spell it (``tune.`` or ``torchtune.``): selects
-# the chat format below.
-MISTRAL_CHAT_TEMPLATE = "tune.models.mistral.MistralChatTemplate"
-_CHAT_TEMPLATE_NAMES = frozenset({MISTRAL_CHAT_TEMPLATE, "torchtune.models.mistral.MistralChatTemplate"})
+# tune's name for the Hugging Face-exact Mistral chat formats, as ``prompt_template`` (torchtune's
+# MistralChatTemplate, the default, keeps torchtune's tokens instead).
+MISTRAL_CHAT_FORMAT = "tune.data.MistralChatFormat"
 
 
-def _chat_template_name(prompt_template: object) -> object:
-    """The family's chat template given as an instance or the class, by its dotted name (other values unchanged)."""
-    if prompt_template is MistralChatTemplate or isinstance(prompt_template, MistralChatTemplate):
-        return MISTRAL_CHAT_TEMPLATE
+def _chat_format_name(prompt_template: object) -> object:
+    """:class:`~tune.data.MistralChatFormat` given as the class or an instance, by its dotted name; torchtune's
+    dotted name of the template, the template (other values unchanged)."""
+    if prompt_template is MistralChatFormat or isinstance(prompt_template, MistralChatFormat):
+        return MISTRAL_CHAT_FORMAT
+    if prompt_template == "torchtune.models.mistral.MistralChatTemplate":  # a config's spelling before `tune migrate`
+        return MistralChatTemplate()
     return prompt_template
 
 
@@ -82,13 +84,14 @@ class MistralTokenizer(ChatTokenizer):
     Args:
         path (str): ``tokenizer.model`` (SentencePiece).
         max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): :class:`MistralChatTemplate` (the default; an instance, the
-            class or its dotted name, ``tune.`` or ``torchtune.``) selects the ``[INST]`` chat format of
-            ``mistralai/Mistral-7B-Instruct-v0.2`` (a system prompt is folded into the first user turn), or with a
-            v0.3 vocabulary that of ``mistralai/Mistral-7B-Instruct-v0.3``. None lays the messages out without a
-            template (:class:`~tune.data.PlainChatFormat`: BOS, each message's text, EOS after each answer). Any
-            other template (a callable, or its dotted path) is applied to the messages, which are then laid out
-            without a template, as torchtune does.
+        prompt_template (PromptTemplate | str | None): as in torchtune, a template (a callable, or its dotted path;
+            the default is torchtune's :class:`MistralChatTemplate`) is applied to the messages, which are then
+            laid out without a chat format (:class:`~tune.data.PlainChatFormat`: BOS, each text part, EOS after
+            each answer), giving torchtune's tokens; None lays them out with no template. tune's
+            :class:`~tune.data.MistralChatFormat` (the class, an instance or ``"tune.data.MistralChatFormat"``)
+            selects instead the chat format of ``mistralai/Mistral-7B-Instruct-v0.2`` (a system prompt folded
+            into the first user turn), or with a v0.3 vocabulary that of ``mistralai/Mistral-7B-Instruct-v0.3``,
+            token for token, which tune's own configs use.
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
@@ -104,8 +107,8 @@ class MistralTokenizer(ChatTokenizer):
         sp = SentencePieceBaseTokenizer(path)
         inst_ids = _inst_control_ids(sp, str(path))
         chat_format, template = select_chat_format(
-            _chat_template_name(prompt_template),
-            _CHAT_TEMPLATE_NAMES,
+            _chat_format_name(prompt_template),
+            {MISTRAL_CHAT_FORMAT},
             MistralV3ChatFormat() if inst_ids else MistralChatFormat("<s>", "</s>"),
             PlainChatFormat("<s>", "</s>"),
         )
@@ -125,18 +128,19 @@ class MistralTokenizer(ChatTokenizer):
 def mistral_tokenizer(
     path: str,
     max_seq_len: int | None = None,
-    prompt_template: "PromptTemplate | str | None" = MISTRAL_CHAT_TEMPLATE,
+    prompt_template: "PromptTemplate | str | None" = "tune.models.mistral.MistralChatTemplate",
 ) -> MistralTokenizer:
-    """The Mistral 7B tokenizer with the ``[INST]`` chat format of ``mistralai/Mixtral-8x7B-Instruct-v0.1`` (the
-    same template as ``Mistral-7B-Instruct-v0.2``; a system prompt is folded into the first user turn), or, for the
-    v0.3 ``tokenizer.model`` (``[INST]``/``[/INST]`` control pieces), that of ``mistralai/Mistral-7B-Instruct-v0.3``
-    with ``[INST]``/``[/INST]`` as single tokens (see :class:`MistralV3ChatFormat`).
+    """The Mistral 7B tokenizer, by default with torchtune's ``MistralChatTemplate`` (torchtune's tokens). With
+    ``prompt_template="tune.data.MistralChatFormat"``: the ``[INST]`` chat format of
+    ``mistralai/Mixtral-8x7B-Instruct-v0.1`` (the same template as ``Mistral-7B-Instruct-v0.2``; a system prompt is
+    folded into the first user turn), or, for the v0.3 ``tokenizer.model`` (``[INST]``/``[/INST]`` control
+    pieces), that of ``mistralai/Mistral-7B-Instruct-v0.3`` with ``[INST]``/``[/INST]`` as single tokens (see
+    :class:`MistralV3ChatFormat`).
 
     Args:
         path (str): ``tokenizer.model`` (SentencePiece).
         max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): as in torchtune; see :class:`MistralTokenizer`. The
-            default, ``"tune.models.mistral.MistralChatTemplate"``, selects the chat format above.
+        prompt_template (PromptTemplate | str | None): as in torchtune; see :class:`MistralTokenizer`.
 
     Returns:
         MistralTokenizer: BOS ``<s>``, EOS ``</s>``, pad 0, stop tokens ``[</s>]``.

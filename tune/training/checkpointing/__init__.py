@@ -41,8 +41,10 @@ from tune.training.checkpointing._io import (
 )
 from tune.training.checkpointing._layout import (
     checkpoint_dir_name,
+    find_earlier_run,
     find_latest_checkpoint,
     list_complete_checkpoints,
+    move_earlier_run_aside,
     prune_checkpoints,
     should_save_checkpoint,
 )
@@ -95,6 +97,7 @@ __all__ = [
     "adapter_to_peft",
     "checkpoint_dir_name",
     "config_to_yaml",
+    "find_earlier_run",
     "find_latest_checkpoint",
     "gather_full_state_dict",
     "get_largest_iter_folder",
@@ -106,6 +109,7 @@ __all__ = [
     "load_safetensors",
     "load_weights_file",
     "merge_adapter",
+    "move_earlier_run_aside",
     "meta_to_hf",
     "peft_to_adapter",
     "permute_hf_to_meta",

@@ -10,12 +10,12 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tune.training.checkpointing._constants import COMPLETE_MARKER
+from tune.training.checkpointing._constants import COMPLETE_MARKER, CONFIG_FILE
 from tune.training.checkpointing._io import CheckpointSaveError, fsync_dir, save_json
 from tune.utils import get_logger
 
@@ -24,6 +24,12 @@ log = get_logger(name=__name__)
 _CHECKPOINT_NAME = re.compile(r"^(step|epoch)_(\d+)$")
 _TEMP_PREFIX = ".tmp_"
 _OLD_PREFIX = ".old_"
+_ASIDE_PREFIX = "overwritten_"
+# subdirectories of output_dir holding checkpoints of their own: the sharded states of distributed runs
+# (tune.training.DCP_SUBDIR)
+_CHECKPOINT_SUBDIRS = ("dcp",)
+# what a metric logger writes before the first step (tune.training.DiskLogger.log_config): no sign of a run
+_LOG_DIR_SETUP_FILES = frozenset({"config.json"})
 
 
 def checkpoint_dir_name(epoch: int | None = None, step: int | None = None) -> str:
@@ -159,6 +165,123 @@ def prune_checkpoints(output_dir: str | Path, keep_last_n: int | None) -> list[P
         shutil.rmtree(doomed, ignore_errors=True)
         log.info(f"Removed old checkpoint {path} (keep_last_n_checkpoints={keep_last_n}).")
     return removed
+
+
+def find_earlier_run(
+    output_dir: str | Path, log_dirs: Iterable[str | Path] = (), checkpoint_dirs: Iterable[str | Path] = ()
+) -> list[Path]:
+    """What in ``output_dir`` shows that a run already trained there.
+
+    That is: every complete checkpoint (``step_N``/``epoch_N`` with its ``.complete`` marker, and those under
+    ``dcp/``, the sharded states of distributed runs), the run's ``config.yaml`` (written once a run has set up and
+    loaded its weights), and each of ``log_dirs`` inside ``output_dir`` holding a non-empty file other than the
+    metric logger's ``config.json``. An empty or missing ``output_dir``, incomplete checkpoints and a log directory
+    with only empty files (a run that failed while loading) are not an earlier run.
+
+    Args:
+        output_dir (str | Path): the recipe's ``output_dir``.
+        log_dirs (Iterable[str | Path]): the metric loggers' directories; those outside ``output_dir`` are not
+            looked at (logs of several runs may share a directory on purpose).
+        checkpoint_dirs (Iterable[str | Path]): where other checkpointers of the run write (a PPO value model's
+            ``output_dir/value``, say); those inside ``output_dir`` are looked at like ``output_dir`` itself.
+
+    Returns:
+        list[Path]: what was found, checkpoints oldest first, then ``config.yaml``, then log directories; empty
+        when the directory is free for a new run.
+    """
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for directory in _checkpoint_roots(output_dir, checkpoint_dirs):
+        for place in (directory, *(directory / subdir for subdir in _CHECKPOINT_SUBDIRS)):
+            found += [path for path, _ in list_complete_checkpoints(place)]
+    if (output_dir / CONFIG_FILE).is_file():
+        found.append(output_dir / CONFIG_FILE)
+    for log_dir in dict.fromkeys(Path(d) for d in log_dirs):
+        found += _log_entries(log_dir, output_dir)
+    return found
+
+
+def move_earlier_run_aside(
+    output_dir: str | Path, log_dirs: Iterable[str | Path] = (), checkpoint_dirs: Iterable[str | Path] = ()
+) -> Path | None:
+    """Moves an earlier run's outputs (see :func:`find_earlier_run`) into ``output_dir/overwritten_<time>/``.
+
+    Every ``step_N``/``epoch_N`` directory (complete or not), ``dcp/``, ``config.yaml`` and the log directories inside
+    ``output_dir`` are renamed there, keeping their paths relative to ``output_dir``, so a new run starts from an
+    empty layout and nothing of the earlier one is deleted.
+
+    Args:
+        output_dir (str | Path): the recipe's ``output_dir``.
+        log_dirs (Iterable[str | Path]): the metric loggers' directories (those outside ``output_dir`` stay).
+        checkpoint_dirs (Iterable[str | Path]): where other checkpointers of the run write; the checkpoints of
+            those inside ``output_dir`` are moved too.
+
+    Returns:
+        Path | None: the directory now holding the earlier run, or None when there was nothing to move.
+    """
+    output_dir = Path(output_dir)
+    log_dirs, checkpoint_dirs = [Path(d) for d in log_dirs], [Path(d) for d in checkpoint_dirs]
+    if not find_earlier_run(output_dir, log_dirs, checkpoint_dirs):
+        return None
+    moved = []
+    for directory in _checkpoint_roots(output_dir, checkpoint_dirs):
+        moved += [p for p in directory.iterdir() if p.is_dir() and _CHECKPOINT_NAME.match(p.name)]
+        moved += [directory / subdir for subdir in _CHECKPOINT_SUBDIRS if (directory / subdir).is_dir()]
+    moved += [output_dir / CONFIG_FILE] if (output_dir / CONFIG_FILE).is_file() else []
+    moved += [entry for log_dir in dict.fromkeys(log_dirs) for entry in _log_entries(log_dir, output_dir, every=True)]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = output_dir / f"{_ASIDE_PREFIX}{stamp}"
+    number = 1
+    while aside.exists():  # two overwrites within one second
+        number += 1
+        aside = output_dir / f"{_ASIDE_PREFIX}{stamp}_{number}"
+    for path in moved:
+        target = aside / path.resolve().relative_to(output_dir.resolve())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+    fsync_dir(output_dir)
+    return aside
+
+
+def _checkpoint_roots(output_dir: Path, checkpoint_dirs: Iterable[str | Path]) -> list[Path]:
+    """``output_dir`` and the existing ``checkpoint_dirs`` inside it."""
+    inside = [Path(d) for d in checkpoint_dirs if Path(d).is_dir() and _is_within(Path(d), output_dir)]
+    return [output_dir, *dict.fromkeys(inside)]
+
+
+def _is_within(path: Path, directory: Path) -> bool:
+    return directory.resolve() in path.resolve().parents
+
+
+def _log_entries(log_dir: Path, output_dir: Path, every: bool = False) -> list[Path]:
+    """The entries of ``output_dir`` that hold the logs of ``log_dir``: the directory itself when it lies inside
+    ``output_dir``, its files when it is ``output_dir``; none when it is elsewhere or holds no logs (unless
+    ``every``: all of them, written or not)."""
+    if not log_dir.is_dir():
+        return []
+    if log_dir.resolve() == output_dir.resolve():  # logs written next to the checkpoints
+        entries = [p for p in log_dir.iterdir() if p.is_file() and p.name != CONFIG_FILE]
+    elif _is_within(log_dir, output_dir):
+        entries = [log_dir]
+    else:
+        return []
+    return entries if every or any(_holds_logs(entry, log_dir) for entry in entries) else []
+
+
+def _holds_logs(entry: Path, log_dir: Path) -> bool:
+    """Whether ``entry`` (a file or directory) holds a non-empty file other than the logger's setup files."""
+    files = entry.rglob("*") if entry.is_dir() else [entry]
+    for path in files:
+        if path.name in _LOG_DIR_SETUP_FILES and path.parent == log_dir:
+            continue
+        try:
+            if path.is_file() and path.stat().st_size > 0:
+                return True
+        except OSError:  # gone while looking (another process cleaning up)
+            continue
+    return False
 
 
 def remove_stale_temporaries(output_dir: str | Path) -> None:
