@@ -597,7 +597,7 @@ def build_family_assets(family: str, root: Path) -> Path:
     model = build_hf_model(hf_config(family), seed=0)
     model.save_pretrained(root / "hf", safe_serialization=True)
     _write_alpaca(root / "train.json", num_samples=80, seed=0)  # 4 steps of 2 x 8 (the largest accumulation shipped)
-    # 2 single-device DPO steps of 2 x 8 pairs; 4 two-rank steps of 1 x 8 pairs per rank
+    # 4 single-device DPO steps of 1 x 8 pairs (at most); 4 two-rank steps of 1 x 8 pairs per rank
     write_preference_messages(root / "pairs.json", num_pairs=64, seed=0)
     return root
 

@@ -295,39 +295,51 @@ def _dist_overrides(
     return overrides
 
 
-DPO_RECIPE, DPO_STEPS = "lora_dpo_single_device", 2
+DPO_RECIPE = "lora_dpo_single_device"
 DPO_CASES = sorted(assets.DPO_CONFIGS)
 
 
+def _dpo_overrides(family: str, method: str, data: Path, out: Path, adapter: Path) -> list[str]:
+    """The SFT overrides with the generated preference pairs as the data, and 1 pair per micro-batch: the config's
+    accumulation (4 or 8) is kept, so 4 steps read at most 32 of the 64 pairs."""
+    overrides = [
+        o for o in _overrides(family, method, data, out, adapter) if not o.startswith(("dataset.", "batch_size="))
+    ]
+    return [
+        *overrides,
+        "batch_size=1",
+        "dataset._component_=tune.datasets.preference_dataset",
+        "dataset.source=json",
+        f"dataset.data_files={data / 'pairs.json'}",
+        "dataset.split=train",
+    ]
+
+
 @pytest.mark.parametrize("family", DPO_CASES)
-def test_shipped_dpo_config_trains_and_loads_in_hf(family_assets, tmp_path, family):
-    """Each family's LoRA DPO config: 2 steps on generated preference pairs (the config's accumulation, schedule
-    and optimizer kept), then the outputs load in transformers and PEFT. Resuming is tested once, on the tiny
-    Llama (tests/recipes/test_lora_dpo_single_device.py)."""
+def test_shipped_dpo_config_trains_resumes_and_loads_in_hf(family_assets, tmp_path, family):
+    """Each family's LoRA DPO config as the SFT ones above: 4 steps on generated preference pairs (the config's
+    accumulation, schedule, optimizer, shuffling and seed setting kept), the outputs load in transformers and PEFT,
+    and a run resumed from the step-2 checkpoint ends with the uninterrupted run's losses and weights."""
     relative, method = assets.DPO_CONFIGS[family]
     data = family_assets(family)
     config = _copy_config(relative, tmp_path)
     lora = _lora_node(config)
     adapter = _initial_adapter(family, data / "hf", lora, tmp_path / "initial_adapter")
     out = tmp_path / "run"
-    sft_data = ("dataset.", "max_steps_per_epoch=", "save_every_n_steps=")
-    overrides = [o for o in _overrides(family, method, data, out, adapter) if not o.startswith(sft_data)]
-    overrides += [
-        "dataset._component_=tune.datasets.preference_dataset",
-        "dataset.source=json",
-        f"dataset.data_files={data / 'pairs.json'}",
-        "dataset.split=train",
-        f"max_steps_per_epoch={DPO_STEPS}",
-    ]
-    run_recipe(DPO_RECIPE, config, overrides, cwd=tmp_path, timeout=300)
+    run_recipe(DPO_RECIPE, config, _dpo_overrides(family, method, data, out, adapter), cwd=tmp_path, timeout=300)
     (log,) = (out / "logs").glob("*.jsonl")
     records = [r for r in read_jsonl(log) if "loss" in r]
-    assert [r["step"] for r in records] == list(range(1, DPO_STEPS + 1))
+    assert [r["step"] for r in records] == list(range(1, NUM_STEPS + 1))
     for record in records:
         assert all(torch.isfinite(torch.tensor(record[k])) for k in ("loss", "rewards/margins", "logps/chosen"))
-    final = out / f"step_{DPO_STEPS}"
-    _load_strict(final)
+    final = out / f"step_{NUM_STEPS}"
+    trained = _load_strict(final)
     _check_peft(family, method, data, final, lora)
+
+    resumed_out = _crashed_copy(out, tmp_path / "resumed")
+    overrides = [*_dpo_overrides(family, method, data, resumed_out, adapter), "resume_from_checkpoint=True"]
+    run_recipe(DPO_RECIPE, config, overrides, cwd=tmp_path, timeout=300)
+    _check_resumed(resumed_out, _losses(out), trained)
 
 
 def _check_resumed(resumed_out, uninterrupted: dict, trained) -> None:
