@@ -48,6 +48,7 @@ RECIPE_INFO = {
 # settings this recipe does not support, with the reason (reported with the other problems): off, or for a
 # KeepDefault, the default of the key's table
 UNSUPPORTED = {
+    "dataset.packed": "prompts are generated from one by one; packing does not apply",
     "gradient_accumulation_steps": config.KeepDefault(
         "a GRPO step optimises its whole batch of completions, in micro-batches of forward_batch_size; lower "
         "forward_batch_size to save memory"

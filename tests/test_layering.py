@@ -1,4 +1,4 @@
-"""Enforces the import rules of shared/DESIGN.md ("Layering") by walking every import in tune/ and recipes/.
+"""Enforces the import rules of docs/architecture.md ("Layering") by walking every import in tune/ and recipes/.
 
 Each module of tune/ belongs to a layer (its package below ``tune``). A layer may import only the layers listed
 for it. Optional dependencies may only be imported lazily (inside a function), never at module level. Imports by
