@@ -144,6 +144,16 @@ def get_component_from_path(path: str, key: str = "") -> Any:
     return import_component(path, key)
 
 
+# torchtune names that `tune migrate` renames beyond the prefix (tune._cli._migrate.RENAMES)
+_TORCHTUNE_RENAMED = frozenset(
+    {
+        "torchtune.config._utils._get_component_from_path",
+        "torchtune.modules.common_utils",
+        "torchtune.modules.tokenizers",
+    }
+)
+
+
 def import_component(path: str, key: str = "") -> Any:
     """Resolves ``module:attr``, a dotted path or a plugin name (not names of the running recipe).
 
@@ -157,6 +167,10 @@ def import_component(path: str, key: str = "") -> Any:
         missing = _missing_optional_package(err)
         if missing is not None:  # an optional dependency of tune's (bitsandbytes optimizers, say)
             message = f"needs the optional package `{missing}`, which is not installed. Run: {install_hint(missing)}"
+            raise ConfigError(ConfigProblem(key, message, path)) from None
+        if path.startswith("torchtune."):  # a config not migrated yet
+            becomes = "" if path in _TORCHTUNE_RENAMED else f" (it becomes {'tune' + path[len('torchtune') :]!r})"
+            message = f"a torchtune name; run `tune migrate CONFIG`{becomes}, see docs/migrating.md"
             raise ConfigError(ConfigProblem(key, message, path)) from None
         reason = str(err).removeprefix(f"cannot import {path!r}: ")  # the path is shown with the key already
         raise ConfigError(ConfigProblem(key, f"cannot import it: {reason}{_suggest(path)}", path)) from None

@@ -1,6 +1,7 @@
 """tune/config/_validate.py: every problem of a config found at once, without building anything."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -238,3 +239,19 @@ def test_values_are_checked_against_the_component_annotations(tmp_path, monkeypa
     ]
     # a nested component is built at run time: its node is not the argument's value
     assert problems(rank={"_component_": "annotated.build", "rank": 2}) == []
+
+
+def test_a_config_still_naming_torchtune_components_says_to_run_tune_migrate(tmp_path):
+    # the shipped LoRA test config with torchtune's prefix, as a torchtune user has it before `tune migrate`
+    source = (Path(__file__).parents[2] / "recipes" / "assets" / "lora_tiny.yaml").read_text()
+    path = tmp_path / "torchtune_lora.yaml"
+    path.write_text(source.replace("_component_: tune.", "_component_: torchtune."))
+    problems = [
+        p
+        for p in validate_config(str(path), overrides=["assets_dir=/tmp", "output_dir=/tmp/out"])
+        if "torchtune" in str(p)
+    ]
+    assert problems, "the torchtune components were not reported"
+    for problem in problems:
+        assert "a torchtune name; run `tune migrate CONFIG`" in str(problem) and "docs/migrating.md" in str(problem)
+    assert any("(it becomes 'tune.models.llama2.lora_llama2')" in str(p) for p in problems)
