@@ -201,7 +201,6 @@ class FullDPORecipeDistributed:
         # counts each step's loss tokens: an epoch without any is an error, not a saved untrained model
         self._loss_tokens = training.LossTokenCounter(max_seq_len=getattr(self._tokenizer, "max_seq_len", None))
         self._optimizer = config.instantiate(cfg.optimizer, self._model.parameters())
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         # the reference's log-probs of the training and validation pairs, by dataset index (None: the reference
         # model runs at every step)

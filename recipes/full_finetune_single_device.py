@@ -129,7 +129,6 @@ class FullFinetuneRecipeSingleDevice:
         # mixture-of-experts models: the load-balancing loss (added when router_aux_loss_coef > 0) and routing
         # metrics; nothing for other models
         self._router_aux_loss = training.RouterAuxLoss(self._model, cfg.router_aux_loss_coef, self._tokenizer.pad_id)
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
         if cfg.dataset_val is not None:

@@ -168,7 +168,6 @@ class GRPOFullFinetuneRecipeDistributed:
         self._stop_tokens = list(self._tokenizer.stop_tokens)
         self._optimizer = config.instantiate(cfg.optimizer, self._model.parameters())
         self._rewards = self._setup_rewards(cfg.reward_functions, cfg.reward_weights)
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size)
         with config.errors_at("batch_size", cfg.batch_size):
             self._steps_per_epoch = training.steps_per_epoch(

@@ -91,7 +91,6 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
             log.info("CPU: malloc keeps freed blocks for the next step (TUNE_CPU_ALLOCATOR=0 turns this off).")
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
-        self._save_adapter_weights_only = cfg.save_adapter_weights_only
         self._log_every_n_steps = cfg.log_every_n_steps
         self._log_peak_memory_stats = cfg.log_peak_memory_stats
         self._clip_grad_norm = cfg.clip_grad_norm
@@ -156,7 +155,6 @@ class GRPOLoRAFinetuneRecipeSingleDevice:
         self._stop_tokens = list(self._tokenizer.stop_tokens)
         self._optimizer = config.instantiate(cfg.optimizer, self._trainable_params())
         self._rewards = self._setup_rewards(cfg.reward_functions, cfg.reward_weights)
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size)
         with config.errors_at("batch_size", cfg.batch_size):
             self._steps_per_epoch = training.steps_per_epoch(len(self._dataloader), 1, self._max_steps_per_epoch)

@@ -81,14 +81,12 @@ class KDRecipeDistributed:
             training.configure_cpu_allocator()  # freed activations stay in the heap for the next step
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
-        self._save_adapter_weights_only = cfg.save_adapter_weights_only
         self._log_every_n_steps = cfg.log_every_n_steps
         self._log_peak_memory_stats = cfg.log_peak_memory_stats
         self._clip_grad_norm = cfg.clip_grad_norm
         self._compile = cfg.compile
         self._enable_activation_checkpointing = cfg.enable_activation_checkpointing
         self._enable_activation_offloading = cfg.enable_activation_offloading
-        self._tensor_parallel_dim = cfg.tensor_parallel_dim
         self._fsdp_cpu_offload = cfg.fsdp_cpu_offload
         self._save_every_n_steps = cfg.save_every_n_steps
         self._run_val_every_n_steps = cfg.run_val_every_n_steps
@@ -182,7 +180,6 @@ class KDRecipeDistributed:
             self._loss_fn = training.prepare_kd_ce_loss(config.instantiate(cfg.loss), compile=self._compile)
         with config.errors_at("kd_loss"):
             self._kd_loss_fn = training.prepare_kd_loss(config.instantiate(cfg.kd_loss), compile=self._compile)
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
         if cfg.dataset_val is not None:

@@ -67,7 +67,6 @@ class KDRecipeSingleDevice:
             log.info("CPU: malloc keeps freed blocks for the next step (TUNE_CPU_ALLOCATOR=0 turns this off).")
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
-        self._save_adapter_weights_only = cfg.save_adapter_weights_only
         self._log_every_n_steps = cfg.log_every_n_steps
         self._log_peak_memory_stats = cfg.log_peak_memory_stats
         self._clip_grad_norm = cfg.clip_grad_norm
@@ -157,7 +156,6 @@ class KDRecipeSingleDevice:
             self._loss_fn = training.prepare_kd_ce_loss(config.instantiate(cfg.loss), compile=self._compile)
         with config.errors_at("kd_loss"):
             self._kd_loss_fn = training.prepare_kd_loss(config.instantiate(cfg.kd_loss), compile=self._compile)
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
         if cfg.dataset_val is not None:

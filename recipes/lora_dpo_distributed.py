@@ -94,7 +94,6 @@ class LoRADPORecipeDistributed:
             training.configure_cpu_allocator()  # freed activations stay in the heap for the next step
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
-        self._save_adapter_weights_only = cfg.save_adapter_weights_only
         self._log_every_n_steps = cfg.log_every_n_steps
         self._log_peak_memory_stats = cfg.log_peak_memory_stats
         self._clip_grad_norm = cfg.clip_grad_norm
@@ -173,7 +172,6 @@ class LoRADPORecipeDistributed:
         self._reference_free = getattr(self._loss_fn, "reference_free", False)
         reference = "no reference model" if self._reference_free else "reference: the model with adapters disabled"
         log_info("Loss: %s (%s).", config.component_name(cfg.loss), reference)
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         # the reference's log-probs of every training pair, by dataset index (None: computed at every step)
         self._reference_table = None

@@ -78,7 +78,6 @@ class LoRADPORecipeSingleDevice:
             log.info("CPU: malloc keeps freed blocks for the next step (TUNE_CPU_ALLOCATOR=0 turns this off).")
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
-        self._save_adapter_weights_only = cfg.save_adapter_weights_only
         self._log_every_n_steps = cfg.log_every_n_steps
         self._log_peak_memory_stats = cfg.log_peak_memory_stats
         self._clip_grad_norm = cfg.clip_grad_norm
@@ -146,7 +145,6 @@ class LoRADPORecipeSingleDevice:
         self._average_log_probs = getattr(self._loss_fn, "average_log_probs", False)
         self._reference_free = getattr(self._loss_fn, "reference_free", False)
         log.info("Loss: %s (%s).", config.component_name(cfg.loss), self._describe_loss())
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         # the reference's log-probs of every training pair, by dataset index (None: computed at every step)
         self._reference_table = None

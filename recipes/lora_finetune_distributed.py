@@ -76,14 +76,12 @@ class LoRAFinetuneRecipeDistributed:
             training.configure_cpu_allocator()  # freed activations stay in the heap for the next step
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
-        self._save_adapter_weights_only = cfg.save_adapter_weights_only
         self._log_every_n_steps = cfg.log_every_n_steps
         self._log_peak_memory_stats = cfg.log_peak_memory_stats
         self._clip_grad_norm = cfg.clip_grad_norm
         self._compile = cfg.compile
         self._enable_activation_checkpointing = cfg.enable_activation_checkpointing
         self._enable_activation_offloading = cfg.enable_activation_offloading
-        self._tensor_parallel_dim = cfg.tensor_parallel_dim
         self._expert_parallel_dim = cfg.expert_parallel_dim
         self._fsdp_cpu_offload = cfg.fsdp_cpu_offload
         self._save_every_n_steps = cfg.save_every_n_steps
@@ -162,7 +160,6 @@ class LoRAFinetuneRecipeDistributed:
         # mixture-of-experts models: the load-balancing loss (added when router_aux_loss_coef > 0) and routing
         # metrics; nothing for other models
         self._router_aux_loss = training.RouterAuxLoss(self._model, cfg.router_aux_loss_coef, self._tokenizer.pad_id)
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
         if cfg.dataset_val is not None:

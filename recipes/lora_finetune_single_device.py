@@ -61,7 +61,6 @@ class LoRAFinetuneRecipeSingleDevice:
             log.info("CPU: malloc keeps freed blocks for the next step (TUNE_CPU_ALLOCATOR=0 turns this off).")
         self._output_dir = cfg.output_dir
         self._resume = cfg.resume_from_checkpoint
-        self._save_adapter_weights_only = cfg.save_adapter_weights_only
         self._log_every_n_steps = cfg.log_every_n_steps
         self._log_peak_memory_stats = cfg.log_peak_memory_stats
         self._clip_grad_norm = cfg.clip_grad_norm
@@ -135,7 +134,6 @@ class LoRAFinetuneRecipeSingleDevice:
         # mixture-of-experts models: the load-balancing loss (added when router_aux_loss_coef > 0) and routing
         # metrics; nothing for other models
         self._router_aux_loss = training.RouterAuxLoss(self._model, cfg.router_aux_loss_coef, self._tokenizer.pad_id)
-        self._batch_size = cfg.batch_size
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         self._val_dataloader = None
         if cfg.dataset_val is not None:

@@ -95,3 +95,16 @@ def test_clipped_passes_resume_and_load_in_transformers(tiny_assets, tmp_path):
     tokens = torch.tensor([[1, 283, 311, 283, 308]])
     assert torch.isfinite(model(input_ids=tokens).logits).all()
     assert not torch.equal(model.lm_head.weight, start.lm_head.weight)  # training moved the weights
+
+
+def test_packing_is_refused_with_the_recipes_reason(tiny_assets, tmp_path):
+    # the prompt datasets take no `packed` option: the recipe's UNSUPPORTED table names the reason, before any
+    # weight is read (not a failure inside the dataset builder)
+    prompts = write_sum_prompts(tmp_path / "prompts.json")
+    proc = run_recipe(
+        RECIPE, CONFIG, _overrides(tiny_assets, tmp_path / "out", prompts, "dataset.packed=True"), tmp_path, check=False
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "dataset.packed = True: is not supported by this recipe (prompts are generated from one by one" in (
+        proc.stderr
+    )

@@ -269,13 +269,3 @@ class ParallelDims:
     dp_size: int
     tp_size: int = 1
     ep_mesh: Any = None
-
-    @property
-    def is_rank_zero(self) -> bool:
-        """Whether this process is the one that writes logs and gathered checkpoints."""
-        return self.rank == 0
-
-    @property
-    def expert_parallel_size(self) -> int:
-        """Ranks per expert-parallel group (1 without expert parallelism)."""
-        return 1 if self.ep_mesh is None else self.ep_mesh.size(1)
