@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --disable-pip-version-check -q -c .ci/constraints.txt
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-all demo demo-rl bench lint clean
+.PHONY: setup test test-all demo demo-rl bench lint clean gpu-check
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,13 @@ demo: setup
 
 demo-rl: setup
 	bash demo/run_demo_rl.sh $(BIN)
+
+# On a machine with one CUDA GPU and the packages tune needs (benchmarks/README.md, "On a GPU"): the gpu test tier,
+# then tune's recipes against torchtune 0.6.1's (give its wheel to compare: TORCHTUNE_WHEEL=path/to/wheel).
+GPU_CHECK_OUT ?= gpu-check
+TORCHTUNE_WHEEL ?=
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(if $(TORCHTUNE_WHEEL),--torchtune-wheel $(TORCHTUNE_WHEEL))
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache

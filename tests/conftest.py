@@ -1,6 +1,8 @@
-"""Test-wide hooks: tests marked ``gpu`` are skipped where there is no CUDA device, and a test that cannot import
-a reference implementation (TRL, transformers, PEFT) fails instead of skipping."""
+"""Test-wide hooks: tests marked ``gpu`` are skipped where there is no CUDA device (unless
+``TUNE_GPU_TIER_DEVICE=cpu`` dry-runs them on the CPU, tests/gpu/_checks.py), and a test that cannot import a
+reference implementation (TRL, transformers, PEFT) fails instead of skipping."""
 
+import os
 import re
 
 import pytest
@@ -15,6 +17,8 @@ _COULD_NOT_IMPORT = re.compile(r"could not import '([\w.]+)'")
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is None:
         return
+    if os.environ.get("TUNE_GPU_TIER_DEVICE", "cuda") == "cpu":
+        return  # the dry run: each test runs its GPU side on the CPU
     import torch
 
     if not torch.cuda.is_available():

@@ -1,6 +1,7 @@
 """The GPU tier: what only a CUDA device can show. Skipped where there is none (tests/conftest.py).
 
-    pytest -m gpu tests/gpu            # on a machine with one NVIDIA GPU (float8 needs compute capability 8.9+)
+    pytest -m gpu tests/gpu -n 4       # on a machine with one NVIDIA GPU (float8 needs compute capability 8.9+)
+    TUNE_GPU_TIER_DEVICE=cpu pytest -m gpu tests/gpu -n 2    # dry run: the GPU side on the CPU (tests/gpu/_checks.py)
 
 Each test runs a recipe on the tiny Llama of tests/recipes (tests/recipes/utils.py builds it in code) or a small
 tune model, for a few steps, and compares against a second run that differs in one setting: bf16 against fp32
@@ -16,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.gpu._checks import DEVICE, check_close, check_losses, skip_on_cpu
 from tests.recipes.dist_utils import run_distributed
 from tests.recipes.utils import ASSETS, build_tiny_assets, losses_by_step, run_recipe
 
@@ -35,7 +37,7 @@ def assets(tmp_path_factory) -> Path:
 
 
 def _run(assets: Path, out: Path, *extra: str, recipe: str = FULL, config: Path = FULL_CONFIG, env=None):
-    overrides = [f"assets_dir={assets}", f"output_dir={out}", "device=cuda", "log_every_n_steps=1", *extra]
+    overrides = [f"assets_dir={assets}", f"output_dir={out}", f"device={DEVICE}", "log_every_n_steps=1", *extra]
     return run_recipe(recipe, config, overrides, cwd=out.parent, timeout=300, env=env)
 
 
@@ -48,9 +50,8 @@ def test_bf16_training_tracks_fp32(assets, tmp_path):
     _run(assets, tmp_path / "fp32", "dtype=fp32")
     _run(assets, tmp_path / "bf16", "dtype=bf16")
     fp32, bf16 = losses_by_step(tmp_path / "fp32"), losses_by_step(tmp_path / "bf16")
-    assert sorted(bf16) == sorted(fp32) == [1, 2, 3]
-    for step in fp32:
-        assert bf16[step] == pytest.approx(fp32[step], rel=step * BF16_REL, abs=0), step
+    assert sorted(fp32) == [1, 2, 3]
+    check_losses(f"full: bf16 vs fp32 on {DEVICE} (AdamW), loss per step", bf16, fp32, BF16_REL)
     assert bf16 != fp32  # the run did compute in bf16
 
 
@@ -68,26 +69,42 @@ def test_inductor_compile_matches_eager(assets, tmp_path):
     _run(assets, tmp_path / "eager", SGD)
     _run(assets, tmp_path / "inductor", SGD, "compile=True", env=env_inductor)
     eager, compiled = losses_by_step(tmp_path / "eager"), losses_by_step(tmp_path / "inductor")
-    assert sorted(compiled) == [1, 2, 3]
+    assert sorted(eager) == [1, 2, 3]
     # fp32 throughout; inductor fuses and reorders reductions: float32 rounding over a 320-way log-softmax and
     # a few SGD steps stays far below 1e-4
-    for step in eager:
-        assert compiled[step] == pytest.approx(eager[step], abs=1e-4, rel=0), step
+    check_close(f"full: compile vs eager on {DEVICE}, fp32 SGD, losses", _values(compiled), _values(eager), abs=1e-4)
+
+
+def test_inductor_compile_matches_eager_with_lora(assets, tmp_path):
+    env_inductor = {"TORCH_COMPILE_BACKEND": "inductor"}
+    _run(assets, tmp_path / "eager", SGD, recipe=LORA, config=LORA_CONFIG)
+    _run(assets, tmp_path / "inductor", SGD, "compile=True", recipe=LORA, config=LORA_CONFIG, env=env_inductor)
+    eager, compiled = losses_by_step(tmp_path / "eager"), losses_by_step(tmp_path / "inductor")
+    assert sorted(eager) == [1, 2, 3]
+    assert eager[3] != eager[1]  # SGD at the LoRA config's lr trains
+    # as for full fine-tuning: fp32, reordered reductions, a frozen base and a rank-8 adapter per layer
+    check_close(f"lora: compile vs eager on {DEVICE}, fp32 SGD, losses", _values(compiled), _values(eager), abs=1e-4)
+
+
+def _values(losses: dict[int, float]) -> list[float]:
+    return [losses[step] for step in (1, 2, 3)]
 
 
 def test_activation_offloading_keeps_the_losses_in_the_recipe(assets, tmp_path):
+    skip_on_cpu("activation offloading moves saved tensors from the GPU to host memory; on the CPU it is ignored")
     _run(assets, tmp_path / "plain")
     proc = _run(assets, tmp_path / "offload", "enable_activation_offloading=True")
     assert "is ignored" not in proc.stderr
     plain, offload = losses_by_step(tmp_path / "plain"), losses_by_step(tmp_path / "offload")
-    for step in plain:  # the same kernels on the same values: only where the saved tensors wait differs
-        assert offload[step] == pytest.approx(plain[step], abs=1e-6, rel=0), step
+    # the same kernels on the same values: only where the saved tensors wait differs
+    check_close("full: offloaded vs resident activations, losses", _values(offload), _values(plain), abs=1e-6)
 
 
 def test_activation_offloading_keeps_gradients_and_lowers_peak_memory():
     from tune.models.llama2 import llama2
     from tune.training import OffloadActivations
 
+    skip_on_cpu("measures CUDA peak memory")
     device = torch.device("cuda")
     torch.manual_seed(0)
     # 4 layers of dim 256 (~4M parameters, 16 MiB) on 8 x 512 tokens: saved activations (hundreds of MiB)
@@ -119,43 +136,42 @@ def test_activation_offloading_keeps_gradients_and_lowers_peak_memory():
 
 
 def test_fsdp2_bf16_mixed_precision_tracks_fp32(assets, tmp_path):
+    skip_on_cpu("FSDP2 on one CUDA rank (NCCL)")
     _run_fsdp(assets, tmp_path / "fp32")
     _run_fsdp(assets, tmp_path / "mixed", "fsdp_mixed_precision={param_dtype: bf16, reduce_dtype: fp32}")
     fp32, mixed = losses_by_step(tmp_path / "fp32"), losses_by_step(tmp_path / "mixed")
-    assert sorted(mixed) == sorted(fp32) == [1, 2, 3]
+    assert sorted(fp32) == [1, 2, 3]
     # the forward and backward run on bf16 copies of fp32 master weights: each step's loss is within bf16's
     # precision of the fp32 run's (updates are applied in fp32, so the error does not compound as with dtype=bf16)
-    for step in fp32:
-        assert mixed[step] == pytest.approx(fp32[step], rel=step * BF16_REL, abs=0), step
+    check_losses("fsdp2: bf16 mixed precision vs fp32, loss per step", mixed, fp32, BF16_REL)
     assert mixed != fp32
 
 
 def test_fsdp2_cpu_offload_keeps_the_losses(assets, tmp_path):
+    skip_on_cpu("FSDP2 on one CUDA rank (NCCL)")
     _run_fsdp(assets, tmp_path / "resident")
     _run_fsdp(assets, tmp_path / "offload", "fsdp_cpu_offload=True")
     resident, offload = losses_by_step(tmp_path / "resident"), losses_by_step(tmp_path / "offload")
-    assert sorted(offload) == [1, 2, 3]
     # the optimizer steps on CPU in fp32 instead of on the GPU: float32 rounding only
-    for step in resident:
-        assert offload[step] == pytest.approx(resident[step], abs=1e-5, rel=0), step
+    check_close("fsdp2: cpu offload vs resident, losses", _values(offload), _values(resident), abs=1e-5)
 
 
 def test_float8_training_stays_close_to_bf16(assets, tmp_path):
+    skip_on_cpu("float8 matmuls need a CUDA GPU of compute capability 8.9+")
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("float8 matmuls need compute capability 8.9+ (Ada, Hopper, Blackwell)")
     converter = "model_converters=[{_component_: tune.training.Float8TrainingConverter}]"
     _run(assets, tmp_path / "bf16", "dtype=bf16")
     _run(assets, tmp_path / "float8", "dtype=bf16", converter)
     bf16, float8 = losses_by_step(tmp_path / "bf16"), losses_by_step(tmp_path / "float8")
-    assert sorted(float8) == [1, 2, 3]
     # e4m3 keeps 4 significant bits (2^-4 relative per value, with per-tensor scales); the tiny model's dims
     # (64, 128, 256) are multiples of 16 as float8 matmuls need; the output projection stays in bf16 (the default)
-    for step in bf16:
-        assert float8[step] == pytest.approx(bf16[step], rel=2**-4, abs=0), step
+    check_close("full: float8 vs bf16, losses", _values(float8), _values(bf16), rel=2**-4)
     assert float8 != bf16
 
 
 def test_qlora_nf4_on_cuda_matches_cpu(assets, tmp_path):
+    skip_on_cpu("compares NF4 on CUDA with NF4 on the CPU")
     _run(assets, tmp_path / "cuda", SGD, "model.quantize_base=True", recipe=LORA, config=LORA_CONFIG)
     overrides = [f"assets_dir={assets}", f"output_dir={tmp_path / 'cpu'}", "log_every_n_steps=1", SGD]
     run_recipe(LORA, LORA_CONFIG, [*overrides, "model.quantize_base=True"], cwd=tmp_path, timeout=300)
@@ -164,5 +180,5 @@ def test_qlora_nf4_on_cuda_matches_cpu(assets, tmp_path):
     # NF4 quantisation is deterministic (nearest of 16 levels per value, absmax scales): both devices hold the
     # same base weights, and the fp32 computation around them differs by float32 rounding
     assert on_cuda[3] != on_cuda[1]  # SGD at the LoRA config's lr still trains
-    for step in on_cpu:
-        assert on_cuda[step] == pytest.approx(on_cpu[step], abs=1e-4, rel=0), step
+    # tests/gpu/test_gpu_kernels.py::test_nf4_on_device_matches_cpu checks the NF4 layer alone
+    check_close("qlora fp32: nf4 on cuda vs cpu, losses", _values(on_cuda), _values(on_cpu), abs=1e-4)

@@ -1,15 +1,17 @@
 """Multi-head attention with grouped key/value heads (MHA, GQA and MQA in one module).
 
 ``MultiHeadAttention.forward`` reads as the computation: projections, RoPE, KV cache, scaled dot-product attention,
-output projection. One faster route is kept apart: on CPU, a packed batch (block-causal mask) attends one document
-at a time, with the same result; ``_packed_attention`` explains it, and ``split_packed_documents = False`` on a
-layer turns it off.
+output projection. Two faster routes for packed batches are kept apart, each with the same result: on CPU, a
+block-causal mask attends one document at a time (``_packed_attention`` explains it, ``split_packed_documents =
+False`` on a layer turns it off); on a GPU, the decoder passes the mask as a flex attention ``BlockMask``
+(``_flex_attention``).
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tune.modules._flex_attention import BlockMask, flex_attend
 from tune.modules._kv_cache import KVCache
 from tune.modules._packed_attention import MaskSpans, attend_documents, is_candidate_mask
 
@@ -190,6 +192,18 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(batch_size, seq_len, self.num_heads * self.head_dim)
         return self.output_proj(out)
 
+    def supports_block_mask(self) -> bool:
+        """Whether ``forward`` may be given a flex attention ``BlockMask`` in place of a dense mask: no sliding
+        window, soft-capping, chunked attention, attention dropout or active KV cache, which the dense path applies
+        on top of the mask."""
+        return (
+            self.sliding_window is None
+            and self.softcapping is None
+            and self.attention_chunk_size is None
+            and (self.attn_dropout == 0.0 or not self.training)
+            and not (self.kv_cache is not None and self.cache_enabled)
+        )
+
     def _attend(
         self,
         q: torch.Tensor,
@@ -202,6 +216,8 @@ class MultiHeadAttention(nn.Module):
         """Scaled dot-product attention of q [b, num_heads, s, head_dim] over k, v [b, num_kv_heads, s_kv, head_dim]."""
         dropout = self.attn_dropout if self.training else 0.0
         enable_gqa = self.num_kv_heads != self.num_heads
+        if isinstance(mask, BlockMask):  # a packed batch on a GPU, see supports_block_mask
+            return flex_attend(q, k, v, mask, scale=self.scale, enable_gqa=enable_gqa)
         spans = self._packed_document_spans(mask, q)
         if spans is not None:  # a packed batch on CPU: one causal call per document, same result (_packed_attention)
             return attend_documents(q, k, v, spans, scale=self.scale, dropout_p=dropout, enable_gqa=enable_gqa)

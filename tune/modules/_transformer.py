@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from tune.modules._attention import MultiHeadAttention
+from tune.modules._flex_attention import block_mask, flex_attention_supported
 
 
 class TransformerSelfAttentionLayer(nn.Module):
@@ -115,6 +116,8 @@ class TransformerDecoder(nn.Module):
         self.head_dim = head_dim
         self.embed_scale = embed_scale
         self.skip_output_layer = False
+        # packed batches on a GPU attend through flex attention (tune.modules._flex_attention); False: dense SDPA
+        self.use_flex_attention = True
         # > 0: forward returns the logits as that many chunks along the sequence (torchtune's convention)
         self.num_output_chunks = 0
 
@@ -166,6 +169,15 @@ class TransformerDecoder(nn.Module):
             layer.attn.kv_cache = None
             layer.attn.cache_enabled = True
 
+    def _flex_mask_applies(self, mask: torch.Tensor) -> bool:
+        return (
+            self.use_flex_attention
+            and mask.dim() == 3
+            and mask.dtype == torch.bool
+            and flex_attention_supported(mask.device)
+            and all(_supports_block_mask(layer) for layer in self.layers)
+        )
+
     def forward(
         self, tokens: torch.Tensor, *, mask: torch.Tensor | None = None, input_pos: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -196,6 +208,8 @@ class TransformerDecoder(nn.Module):
         h = self.tok_embeddings(tokens)
         if self.embed_scale is not None:
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        if mask is not None and self._flex_mask_applies(mask):
+            mask = block_mask(mask)  # once for all layers
         hidden = []
         for i, layer in enumerate(self.layers):
             if i in self.output_hidden_states:
@@ -209,6 +223,11 @@ class TransformerDecoder(nn.Module):
         else:
             output = self.output(h).float()
         return [*hidden, output] if hidden else output
+
+
+def _supports_block_mask(layer: nn.Module) -> bool:
+    attn = getattr(layer, "attn", None)  # also through activation-checkpoint wrappers, which forward attributes
+    return isinstance(attn, MultiHeadAttention) and attn.supports_block_mask()
 
 
 def _stack_layers(layers: nn.Module | list[nn.Module], num_layers: int | None) -> nn.ModuleList:

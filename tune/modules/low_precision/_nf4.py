@@ -108,6 +108,8 @@ def to_nf4(weight: torch.Tensor, block_size: int | None = None, scaler_block_siz
     block_size = default_block_size if block_size is None else block_size
     scaler_block_size = default_scaler_block_size if scaler_block_size is None else scaler_block_size
     quantization = import_optional("torchao.quantization", "QLoRA (quantize_base=True)")
+    if not hasattr(quantization, "to_nf4"):  # torchao before 0.16 keeps it in torchao.dtypes
+        quantization = import_optional("torchao.dtypes", "QLoRA (quantize_base=True)")
     return quantization.to_nf4(weight, block_size, scaler_block_size)
 
 
