@@ -404,6 +404,8 @@ def section_speed(args, budget: Budget, work: Path, assets: dict, rows: list, re
     for mode in args.modes:
         recipe = "full_finetune_single_device" if mode == "full" else "lora_finetune_single_device"
         for system in systems:
+            if system == "torchtune" and args.torchtune_modes is not None and mode not in args.torchtune_modes:
+                continue
             build = functools.partial(speed_config, system, mode, args, assets, steps=steps)
             runs.append((f"8B {mode}", system, recipe, build))
             if system == "tune" and mode in args.dense_modes:
@@ -543,6 +545,8 @@ def start_correctness(args, budget: Budget, work: Path) -> dict:
         command += ["-k", "bf16_training_tracks_fp32"]
     else:
         command += ["-n", str(args.workers)]
+    if args.tier_k:
+        command += ["-k", args.tier_k]
     log = open(work / "gpu_tier.log", "w")
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     return {"proc": proc, "log": log, "record": record, "started": time.monotonic(), "path": work / "gpu_tier.log"}
@@ -623,6 +627,13 @@ def main() -> None:
     parser.add_argument("--sections", default="correctness,speed,rl")
     parser.add_argument("--work", type=Path, default=None, help="checkpoints and runs (default OUT/work)")
     parser.add_argument("--modes", default=",".join(MODES), type=lambda s: s.split(","))
+    parser.add_argument("--tier-k", default=None, help="pytest -k expression selecting part of the gpu tier")
+    parser.add_argument(
+        "--torchtune-modes",
+        default=None,
+        type=lambda s: s.split(","),
+        help="modes torchtune runs too (default: all); e.g. to rerun tune alone after a fix",
+    )
     parser.add_argument(
         "--dense-modes",
         default=[],

@@ -170,15 +170,20 @@ def test_float8_training_stays_close_to_bf16(assets, tmp_path):
     assert float8 != bf16
 
 
-def test_qlora_nf4_on_cuda_matches_cpu(assets, tmp_path):
-    skip_on_cpu("compares NF4 on CUDA with NF4 on the CPU")
-    _run(assets, tmp_path / "cuda", SGD, "model.quantize_base=True", recipe=LORA, config=LORA_CONFIG)
-    overrides = [f"assets_dir={assets}", f"output_dir={tmp_path / 'cpu'}", "log_every_n_steps=1", SGD]
-    run_recipe(LORA, LORA_CONFIG, [*overrides, "model.quantize_base=True"], cwd=tmp_path, timeout=300)
+@pytest.mark.parametrize("quantize", [True, False], ids=["qlora", "lora"])
+def test_lora_on_cuda_matches_cpu(assets, tmp_path, quantize):
+    """fp32 LoRA with and without an NF4 base, CUDA against the CPU: the plain LoRA run tells whether a difference
+    comes from NF4 or from the paths the two devices take (padding-free batches and the fused LoRA on the CPU)."""
+    skip_on_cpu("compares CUDA with the CPU")
+    extra = [SGD, f"model.quantize_base={quantize}"]
+    _run(assets, tmp_path / "cuda", *extra, recipe=LORA, config=LORA_CONFIG)
+    overrides = [f"assets_dir={assets}", f"output_dir={tmp_path / 'cpu'}", "log_every_n_steps=1", *extra]
+    run_recipe(LORA, LORA_CONFIG, overrides, cwd=tmp_path, timeout=300)
     on_cuda, on_cpu = losses_by_step(tmp_path / "cuda"), losses_by_step(tmp_path / "cpu")
     assert sorted(on_cuda) == [1, 2, 3]
     # NF4 quantisation is deterministic (nearest of 16 levels per value, absmax scales): both devices hold the
     # same base weights, and the fp32 computation around them differs by float32 rounding
     assert on_cuda[3] != on_cuda[1]  # SGD at the LoRA config's lr still trains
     # tests/gpu/test_gpu_kernels.py::test_nf4_on_device_matches_cpu checks the NF4 layer alone
-    check_close("qlora fp32: nf4 on cuda vs cpu, losses", _values(on_cuda), _values(on_cpu), abs=1e-4)
+    name = "qlora fp32: nf4" if quantize else "lora fp32:"
+    check_close(f"{name} on cuda vs cpu, losses", _values(on_cuda), _values(on_cpu), abs=1e-4)

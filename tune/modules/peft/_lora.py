@@ -149,8 +149,10 @@ class LoRALinear(nn.Module):
         """
         if self.disabled:
             return F.linear(x, self.weight, self.bias)
-        if self.use_fast_path and _lora_fast.supports(self.lora_a, self.lora_b):
-            # this formula, fused (faster backward on CPU): see _lora_fast
+        if self.use_fast_path and not torch.compiler.is_compiling() and _lora_fast.supports(self.lora_a, self.lora_b):
+            # this formula, fused (faster backward on CPU): see _lora_fast. Not under torch.compile, which fuses
+            # the written formula itself, and whose tracing of the hand-written backward (torch 2.11) lost the
+            # adapters' gradients: compiled LoRA then barely trained
             flat_x = x.reshape(-1, self.in_dim)  # [n, in_dim]
             dropped = self.dropout(flat_x)  # x itself without dropout: both paths then read one input
             out = _lora_fast.lora_linear(

@@ -19,12 +19,13 @@ Why it is faster (the timings are in benchmarks/README.md, "Figures behind the c
 The functions take tensors (the input, the adapter's dropped input, the weights, the scaling), never the layer:
 ``LoRALinear.forward`` flattens its input, applies its dropout and calls :func:`lora_linear`.
 
-When it applies (:func:`supports`): both adapters are bias-free ``nn.Linear`` modules without hooks, holding plain
-tensors, because the fast path reads their weights instead of calling them (a hook, a replaced module or a
-tensor-parallel DTensor shard must see its module called). The hand-written backward further needs a frozen base
-(weight and bias without gradients, as in LoRA training) stored as a plain tensor or in NF4 (QLoRA: the input
-gradient goes through the dequantised weight, as torchao's NF4 linear computes it). A trainable base (gradual
-unfreezing) or another weight subclass gets the fused forward with autograd's backward.
+When it applies (:func:`supports`, and outside ``torch.compile``, which fuses the written formula on its own): both
+adapters are bias-free ``nn.Linear`` modules without hooks, holding plain tensors, because the fast path reads their
+weights instead of calling them (a hook, a replaced module or a tensor-parallel DTensor shard must see its module
+called). The hand-written backward further needs a frozen base (weight and bias without gradients, as in LoRA
+training) stored as a plain tensor or in NF4 (QLoRA: the input gradient goes through the dequantised weight, as
+torchao's NF4 linear computes it). A trainable base (gradual unfreezing) or another weight subclass gets the fused
+forward with autograd's backward.
 """
 
 import torch
