@@ -2,6 +2,7 @@
 reference answer, ...) for the reward functions.
 """
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -9,6 +10,9 @@ from torch.utils.data import Dataset
 
 from tune.data import Message, ModelTokenizer
 from tune.datasets import _hf
+from tune.utils import get_logger, log_rank_zero
+
+_log = get_logger(name=__name__)
 
 # the system prompt of gsm8k_dataset: ask for the format FormatReward and AnswerReward read
 GSM8K_SYSTEM_PROMPT = (
@@ -35,8 +39,13 @@ class PromptDataset(Dataset):
         split (str): split to load. Default ``"train"``.
         **load_dataset_kwargs: passed to ``datasets.load_dataset``.
 
+    Prompts longer than the tokenizer's ``max_seq_len`` are left out, with a warning that counts them: cut, a
+    prompt would lose its end (the question, the chat format's answer header) and the model would continue the
+    cut text. Every prompt is tokenised once here to measure it.
+
     Raises:
-        ValueError: for a missing prompt column, no rows, or a row whose prompt is neither text nor messages
+        ValueError: for a missing prompt column, no rows, no prompt within ``max_seq_len``, or a row whose prompt
+            is neither text nor messages
             (naming its index).
     """
 
@@ -57,9 +66,32 @@ class PromptDataset(Dataset):
         if len(rows) == 0:
             raise _hf.DatasetError(f"{self._source} has no rows to take prompts from")
         self._rows = rows
-        self._tokenizer = tokenizer
+        self._tokenizer, max_seq_len = _hf.untruncated(tokenizer)
         self._prompt_column = prompt_column
         self._system_prompt = system_prompt
+        if max_seq_len is not None:
+            self._rows = self._within(max_seq_len)
+
+    def _within(self, max_seq_len: int):
+        """The rows whose prompt fits ``max_seq_len`` tokens; warns about the others (an error when none fits)."""
+        lengths = [len(self._tokens(i)) for i in range(len(self._rows))]
+        kept = [i for i, n in enumerate(lengths) if n <= max_seq_len]
+        if len(kept) == len(lengths):
+            return self._rows
+        longest = max(lengths)
+        if not kept:
+            raise _hf.DatasetError(
+                f"{self._source}: every prompt ({len(lengths):,}) is longer than tokenizer.max_seq_len={max_seq_len} "
+                f"(the longest: {longest} tokens). Raise tokenizer.max_seq_len above the prompts' length."
+            )
+        log_rank_zero(
+            _log,
+            f"{self._source}: {len(lengths) - len(kept):,} of {len(lengths):,} prompts are longer than "
+            f"tokenizer.max_seq_len={max_seq_len} (the longest: {longest} tokens) and are left out: cut, they would "
+            "lose the end of the question and the answer header. Raise tokenizer.max_seq_len to keep them.",
+            logging.WARNING,
+        )
+        return self._rows.select(kept)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -80,13 +112,18 @@ class PromptDataset(Dataset):
             ]
         return messages
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        row = self._rows[index]
-        messages = self._messages(index, row[self._prompt_column])
+    def _tokens(self, index: int) -> list[int]:
+        messages = self._messages(index, self._rows[index][self._prompt_column])
         # an empty assistant turn opens the answer: the chat format's header for it, no end-of-turn token
         tokens, _ = self._tokenizer.tokenize_messages(
             messages + [Message(role="assistant", content="")], add_end_tokens=False
         )
+        return list(tokens)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = self._rows[index]
+        messages = self._messages(index, row[self._prompt_column])
+        tokens = self._tokens(index)
         sample = {key: value for key, value in row.items() if key != self._prompt_column}
         sample.update(tokens=list(tokens), prompt="\n".join(m.text_content for m in messages))
         return sample

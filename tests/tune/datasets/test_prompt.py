@@ -47,3 +47,27 @@ def test_gsm8k_reads_question_and_keeps_the_worked_answer(tokenizer, tmp_path, w
     messages = [Message(role="system", content=GSM8K_SYSTEM_PROMPT), Message(role="user", content=rows[0]["question"])]
     assert ds[0]["tokens"] == _expected(tokenizer, messages)
     assert ds[0]["answer"].endswith("#### 7")
+
+
+def test_prompts_longer_than_max_seq_len_are_left_out_with_a_warning(write_json, caplog):
+    # a prompt cut to max_seq_len loses its end (the question, the chat format's answer header): the model would
+    # continue the cut text. Such rows are left out, counted, with the longest length and the fix
+    from tests.tune.datasets._helpers import ByteTokenizer
+
+    tokenizer = ByteTokenizer(max_seq_len=12)
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "x" * 40, "answer": "?"}, {"prompt": "2+2=", "answer": "4"}]
+    with caplog.at_level("WARNING"):
+        ds = prompt_dataset(tokenizer, source="json", data_files=write_json(rows))
+    assert [ds[i]["answer"] for i in range(len(ds))] == ["2", "4"]
+    untruncated = ByteTokenizer(max_seq_len=None)
+    assert ds[0]["tokens"] == _expected(untruncated, [Message(role="user", content="1+1=")])
+    longest = len(_expected(untruncated, [Message(role="user", content="x" * 40)]))
+    assert f"1 of 3 prompts are longer than tokenizer.max_seq_len=12 (the longest: {longest} tokens)" in caplog.text
+
+
+def test_no_prompt_within_max_seq_len_is_an_error(write_json):
+    from tests.tune.datasets._helpers import ByteTokenizer
+
+    tokenizer = ByteTokenizer(max_seq_len=4)
+    with pytest.raises(ValueError, match=r"every prompt .* is longer than tokenizer.max_seq_len=4"):
+        prompt_dataset(tokenizer, source="json", data_files=write_json([{"prompt": "a long question"}]))
