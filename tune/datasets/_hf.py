@@ -22,7 +22,7 @@ from tune.utils import TuneError, get_logger, get_world_size
 _log = get_logger(name=__name__)
 
 # Bump when the tokenisation output of this module changes, so old cache entries are not reused.
-_PIPELINE_VERSION = "2"
+_PIPELINE_VERSION = "3"
 # Below this many rows one process is faster than starting workers.
 _MIN_ROWS_PER_PROC = 10_000
 # Local JSON files up to this size are loaded by tune itself (see _load_local_json); larger ones by datasets.
@@ -379,19 +379,21 @@ def untruncated(tokenizer: ModelTokenizer) -> tuple[ModelTokenizer, int | None]:
 
 
 def truncate(
-    tokens: list[int], mask: list[bool], max_seq_len: int | None, eos_id: int
+    tokens: list[int], mask: list[bool], max_seq_len: int | None, eos_id: int, keeps_mask: bool = False
 ) -> tuple[list[int], list[bool], bool]:
     """Cuts a sample to ``max_seq_len`` tokens; returns ``(tokens, mask, was_truncated)``.
 
     As the tokenizers' own truncation (:func:`tune.data.truncate`) does: a sample that ended with EOS still ends
-    with EOS, and that forced EOS gets no loss (the text did not really end there).
+    with EOS, and that forced EOS gets no loss (the text did not really end there), or with ``keeps_mask`` (the
+    tokenizer's ``truncation_keeps_mask``) the mask of the token it replaces.
     """
     if max_seq_len is None or len(tokens) <= max_seq_len:
         return tokens, mask, False
     ends_with_eos = tokens[-1] == eos_id
     tokens, mask = tokens[:max_seq_len], mask[:max_seq_len]
     if ends_with_eos:
-        tokens[-1], mask[-1] = eos_id, True
+        tokens[-1] = eos_id
+        mask[-1] = mask[-1] if keeps_mask else True
     return tokens, mask, True
 
 
@@ -410,9 +412,9 @@ def tokenize_rows(raw, function: Callable, *, features, num_proc: int, new_finge
     )
 
 
-def token_columns(encoded, max_seq_len: int | None, eos_id: int):
-    """``tokens`` and ``labels`` list columns of tokenised samples, cut to ``max_seq_len`` as :func:`truncate` does,
-    and which samples were cut.
+def token_columns(encoded, max_seq_len: int | None, eos_id: int, keeps_mask: bool = False):
+    """``tokens`` and ``labels`` list columns of tokenised samples, cut to ``max_seq_len`` as :func:`truncate` does
+    (``keeps_mask`` as there), and which samples were cut.
 
     ``encoded`` is a :class:`~tune.data._tokenizers._utils.FlatEncoding` (samples end to end, a trained flag per
     token): the columns are built over its flat buffers and cut in array operations over all samples at once,
@@ -437,7 +439,9 @@ def token_columns(encoded, max_seq_len: int | None, eos_id: int):
         tokens, trained = tokens[keep], trained[keep]  # copies: the buffers stay as they were
         lengths = np.minimum(lengths, max_seq_len)
         last = (np.cumsum(lengths) - 1)[cuts & ends_with_eos]
-        tokens[last], trained[last] = eos_id, False  # the text did not end there: a forced EOS, not trained
+        tokens[last] = eos_id
+        if not keeps_mask:
+            trained[last] = False  # the text did not end there: a forced EOS, not trained
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     labels = np.where(trained, tokens, np.int32(CROSS_ENTROPY_IGNORE_IDX))

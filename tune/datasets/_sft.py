@@ -25,11 +25,12 @@ class _TokenizeConversations:
     def __init__(self, message_transform: Callable, tokenizer: ModelTokenizer, source: str) -> None:
         self.message_transform = message_transform
         self.tokenizer, self.max_seq_len = _hf.untruncated(tokenizer)
+        self.keeps_mask = getattr(tokenizer, "truncation_keeps_mask", False)
         self.source = source
 
     def encode(self, messages: list) -> tuple[list[int], list[bool], bool]:
         tokens, mask = self.tokenizer.tokenize_messages(messages)
-        return _hf.truncate(list(tokens), list(mask), self.max_seq_len, self.tokenizer.eos_id)
+        return _hf.truncate(list(tokens), list(mask), self.max_seq_len, self.tokenizer.eos_id, self.keeps_mask)
 
     def _row_error(self, rows: list[dict], indices: list[int]) -> ValueError:
         """Re-runs the rows one at a time to name the first bad one."""
@@ -73,7 +74,7 @@ class _TokenizeConversations:
         import pyarrow as pa
 
         encoded = self._encode_batch(_hf.rows_of(batch), indices)
-        tokens, labels, cuts = _hf.token_columns(encoded, self.max_seq_len, self.tokenizer.eos_id)
+        tokens, labels, cuts = _hf.token_columns(encoded, self.max_seq_len, self.tokenizer.eos_id, self.keeps_mask)
         return pa.table({"tokens": tokens, "labels": labels, "truncated": cuts})
 
 

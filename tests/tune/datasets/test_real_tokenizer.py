@@ -91,9 +91,8 @@ def test_alpaca_without_template_matches_torchtune(write_json, cache_dir, train_
 
 
 def test_alpaca_truncation_without_template(write_json, cache_dir):
-    # torchtune cuts to max_seq_len and forces the last token to EOS; so do we. The forced EOS is the one
-    # deliberate difference: torchtune trains on it (it takes the answer's mask), we do not, because the answer
-    # does not really end there.
+    # torchtune cuts to max_seq_len and forces the last token to EOS, which keeps the mask of the token it replaced
+    # (its Llama 2 tokenizer: trained inside the answer); so does llama2_tokenizer, torchtune's name
     path = sentencepiece_model() / "tokenizer.model"
     tok = llama2_tokenizer(str(path), max_seq_len=40, prompt_template=None)
     ds = alpaca_dataset(tok, source="json", data_files=write_json(TORCHTUNE_ROWS), cache_dir=cache_dir)
@@ -101,4 +100,5 @@ def test_alpaca_truncation_without_template(write_json, cache_dir):
         tokens, labels = _torchtune_alpaca(path, row, True)
         assert len(tokens) > 40  # every row is cut
         assert ds[i]["tokens"] == tokens[:39] + [tok.eos_id]
-        assert ds[i]["labels"] == labels[:39] + [-100]
+        assert labels[39] != -100  # train_on_input: the replaced token was trained, and so is the EOS
+        assert ds[i]["labels"] == labels[:39] + [tok.eos_id]

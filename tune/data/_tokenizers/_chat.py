@@ -109,6 +109,12 @@ class ChatTokenizer:
         ValueError: for a non-positive ``max_seq_len`` or a bad ``prompt_template``.
     """
 
+    # When a conversation is cut to ``max_seq_len``, EOS replaces its last token. False: that EOS gets no loss (the
+    # text did not end there; torchtune's Llama 3 and Qwen tokenizers). True: it keeps the replaced token's mask,
+    # trained inside an answer (torchtune's SentencePiece tokenizers, Llama 2, Mistral and Gemma, and Phi-3/Phi-4).
+    # The datasets, which cut samples themselves, read it too.
+    truncation_keeps_mask = False
+
     def __init__(
         self,
         tokenizer: TextTokenizer,
@@ -175,7 +181,7 @@ class ChatTokenizer:
         Returns:
             tuple[list[int], list[bool]]: ``(tokens, mask)`` of equal length; ``mask[i]`` is True where token i
             gets NO loss. When longer than ``max_seq_len`` both are cut, and with ``add_end_tokens`` the last
-            token becomes EOS (masked).
+            token becomes EOS (masked, or keeping the replaced token's mask: ``truncation_keeps_mask``).
 
         Raises:
             TypeError: if messages is not a list of Message.
@@ -206,8 +212,9 @@ class ChatTokenizer:
         for tokens, trainable in self.tokenizer.encode_segments_batch(rendered):
             mask = list(map(operator.not_, trainable))
             if self.max_seq_len is not None:
+                forced_eos_mask = None if self.truncation_keeps_mask or not add_end_tokens else True
                 tokens = truncate(tokens, self.max_seq_len, self.eos_id if add_end_tokens else None)
-                mask = truncate(mask, self.max_seq_len, True if add_end_tokens else None)
+                mask = truncate(mask, self.max_seq_len, forced_eos_mask)
             results.append((tokens, mask))
         return results
 
