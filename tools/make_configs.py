@@ -405,6 +405,11 @@ _HF_FORMATS = {
     L2: "tune.data.Llama2ChatFormat",
     L3: "tune.data.Llama3ChatFormat",
     "mistral.mistral_tokenizer": "tune.data.MistralChatFormat",
+    "qwen2.qwen2_tokenizer": "tune.data.Qwen2ChatFormat",
+    "qwen2_5.qwen2_5_tokenizer": "tune.data.Qwen2_5ChatFormat",
+    "gemma.gemma_tokenizer": "tune.data.GemmaChatFormat",
+    "phi3.phi3_mini_tokenizer": "tune.data.Phi3ChatFormat",
+    "phi4.phi4_tokenizer": "tune.data.Phi4ChatFormat",
 }
 _HF_FORMAT_NOTE = "# the Hugging Face chat template's tokens (torchtune's name gives torchtune's)"
 

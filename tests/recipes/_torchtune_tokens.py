@@ -7,7 +7,8 @@ a JSON list of cases on stdin and writes one JSON list of results on stdout. A c
   ``tokenize_messages`` for each conversation (the message of the ValueError torchtune raises, for one it
   refuses), or
 - ``{"tokenizer": {...}, "dataset": {"component": dotted name, "kwargs": {...}}, "count": n}``: ``tokens`` and
-  ``labels`` of the first ``n`` samples of the dataset builder, built with that tokenizer,
+  ``labels`` of the first ``n`` samples of the dataset builder, built with that tokenizer (the message of the
+  ValueError torchtune raises, for a row it refuses),
 
 where a tokenizer is ``{"component": dotted name, "kwargs": {...}}``. torchtune 0.6.1 imports
 ``torchao.dtypes.nf4tensor``, which newer torchao releases moved; the module is aliased to its new place first.
@@ -38,10 +39,11 @@ def _run(case: dict) -> list:
     tokenizer = _component(spec["component"])(**spec["kwargs"])
     if "dataset" in case:
         dataset = _component(case["dataset"]["component"])(tokenizer, **case["dataset"]["kwargs"])
-        return [
-            [list(map(int, s["tokens"])), list(map(int, s["labels"]))]
-            for s in (dataset[i] for i in range(case["count"]))
-        ]
+        try:
+            samples = [dataset[i] for i in range(case["count"])]
+        except ValueError as e:
+            return str(e)
+        return [[list(map(int, s["tokens"])), list(map(int, s["labels"]))] for s in samples]
     out = []
     for conversation in case["conversations"]:
         messages = [Message(role=m["role"], content=m["content"], masked=m["masked"]) for m in conversation]

@@ -4,9 +4,12 @@ through torchtune 0.6.1 itself give the same tokens, masks and labels.
 The reference is torchtune 0.6.1, imported in a subprocess from the wheel test_torchtune_published_configs.py
 downloads into ``~/.cache/tune-tests`` (tests/recipes/_torchtune_tokens.py); both build the tokenizer under the
 same name with its default prompt template from the same tiny tokenizer file (tests/tune/data/_tiny_tokenizers.py),
-and the datasets from the same JSON file. Families checked: Llama 2 (its default ``Llama2ChatTemplate``), Llama 3
-(torchtune's layout; used by Llama 3.1/3.2/3.3 too), Mistral
-(``MistralChatTemplate``; with the v0.1/v0.2 and the v0.3 vocabulary).
+and the datasets from the same JSON files. Families checked, each with the default prompt template of torchtune's
+builder: Llama 2 (``Llama2ChatTemplate``), Llama 3 (torchtune's layout; used by Llama 3.1/3.2/3.3 too), Mistral
+(``MistralChatTemplate``; with the v0.1/v0.2 and the v0.3 vocabulary), Qwen2 and Qwen 2.5 (vocab.json +
+merges.txt), Gemma (also what torchtune's Gemma 2 configs name), Phi-3 mini (tokenizer.model) and Phi-4
+(vocab.json + merges.txt). Dataset builders: ``alpaca_dataset``, ``chat_dataset`` (OpenAI and ShareGPT
+conversations) and ``instruct_dataset``, with and without ``train_on_input``.
 """
 
 import json
@@ -38,6 +41,32 @@ _ALPACA_ROWS = [
     {"instruction": "Name the capital of France.", "input": "", "output": "Paris is the capital."},
     {"instruction": "Add the numbers.", "input": "12 and 30", "output": " 42 \n"},
     {"instruction": "Explain, please:\ncafé 42", "input": "  the quick brown fox ", "output": "One two three.\n\n"},
+]
+_OPENAI_ROWS = [
+    {
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "Paris (a city on a river)."},
+            {"role": "user", "content": "Why? Please explain, café 42 times\nthen stop. "},
+            {"role": "assistant", "content": "2024: the quick brown fox!\n\nOne two three."},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "user", "content": " hello  world\n"},
+            {"role": "assistant", "content": " one two \n"},
+        ]
+    },
+]
+_SHAREGPT_FROM = {"system": "system", "user": "human", "assistant": "gpt"}
+_SHAREGPT_ROWS = [
+    {"conversations": [{"from": _SHAREGPT_FROM[m["role"]], "value": m["content"]} for m in row["messages"]]}
+    for row in _OPENAI_ROWS
+]
+_INSTRUCT_ROWS = [
+    {"input": "Name the capital of France.", "output": "Paris is the capital."},
+    {"input": "Add the numbers:\n12 and 30 ", "output": " 42 \n"},
 ]
 
 
@@ -78,25 +107,70 @@ def _llama3_special_tokens(directory: Path) -> Path:
 
 
 def _tokenizers(directory: Path) -> dict[str, dict]:
-    """Each family's torchtune tokenizer builder (the name after ``torchtune.``) and its file arguments."""
+    """Each family's torchtune tokenizer builder (the name after ``torchtune.``) and its file arguments. The tiny
+    byte-level BPE and Phi-3 vocabularies are far smaller than the real ones, so their special tokens' ids come
+    from ``special_tokens_path`` (the ids torchtune's builders otherwise assume, 151643 and up, 32000 and up,
+    100256 and up, are those of the real vocabularies)."""
     llama3 = {"path": str(tiny.tiktoken_file()), "special_tokens_path": str(_llama3_special_tokens(directory))}
     sentencepiece = str(tiny.sentencepiece_model() / "tokenizer.model")
     mistral_v0_3 = str(tiny.sentencepiece_model(mistral_v0_3=True) / "tokenizer.model")
+    qwen = tiny.qwen_tokenizer_json()
+    qwen_files = {
+        "path": str(qwen / "vocab.json"),
+        "merges_file": str(qwen / "merges.txt"),
+        "special_tokens_path": str(qwen / "tokenizer.json"),
+    }
+    phi3 = tiny.phi3_tokenizer_dir()
+    phi4 = tiny.phi4_bpe_files()
+    phi4_files = {
+        "vocab_path": str(phi4 / "vocab.json"),
+        "merges_path": str(phi4 / "merges.txt"),
+        "special_tokens_path": str(phi4 / "tokenizer.json"),
+    }
     return {
         "llama2": {"component": "models.llama2.llama2_tokenizer", "kwargs": {"path": sentencepiece}},
         "llama3": {"component": "models.llama3.llama3_tokenizer", "kwargs": llama3},
         "mistral": {"component": "models.mistral.mistral_tokenizer", "kwargs": {"path": sentencepiece}},
         "mistral v0.3 vocabulary": {"component": "models.mistral.mistral_tokenizer", "kwargs": {"path": mistral_v0_3}},
+        "qwen2": {"component": "models.qwen2.qwen2_tokenizer", "kwargs": qwen_files},
+        "qwen2_5": {"component": "models.qwen2_5.qwen2_5_tokenizer", "kwargs": qwen_files},
+        "gemma": {
+            "component": "models.gemma.gemma_tokenizer",
+            "kwargs": {"path": str(tiny.gemma_sentencepiece_model() / "tokenizer.model")},
+        },
+        "phi3": {
+            "component": "models.phi3.phi3_mini_tokenizer",
+            "kwargs": {"path": str(phi3 / "tokenizer.model"), "special_tokens_path": str(phi3 / "tokenizer.json")},
+        },
+        "phi4": {"component": "models.phi4.phi4_tokenizer", "kwargs": phi4_files},
     }
 
 
-def _datasets(data_file: Path, cache: Path) -> list[dict]:
-    """torchtune dataset builders (the name after ``torchtune.``) and their arguments, on the JSON file."""
-    common = {"source": "json", "data_files": str(data_file), "split": "train", "cache_dir": str(cache)}
-    return [
-        {"component": "datasets.alpaca_dataset", "kwargs": {**common, "train_on_input": True}},
-        {"component": "datasets.alpaca_dataset", "kwargs": {**common, "train_on_input": False}},
+def _datasets(directory: Path) -> list[dict]:
+    """torchtune dataset builders (the name after ``torchtune.``), their arguments and the number of rows, on
+    small JSON files written into ``directory``."""
+    files = {"alpaca": _ALPACA_ROWS, "openai": _OPENAI_ROWS, "sharegpt": _SHAREGPT_ROWS, "instruct": _INSTRUCT_ROWS}
+    for name, rows in files.items():
+        (directory / f"{name}.json").write_text(json.dumps(rows))
+
+    def common(name: str) -> dict:
+        return {"source": "json", "data_files": str(directory / f"{name}.json"), "split": "train",
+                "cache_dir": str(directory / "hf-cache")}  # fmt: skip
+
+    openai = {"conversation_column": "messages", "conversation_style": "openai"}
+    sharegpt = {"conversation_column": "conversations", "conversation_style": "sharegpt"}
+    builders = [
+        ("datasets.alpaca_dataset", "alpaca", {}),
+        ("datasets.chat_dataset", "openai", openai),
+        ("datasets.chat_dataset", "sharegpt", sharegpt),
+        ("datasets.instruct_dataset", "instruct", {}),
     ]
+    return [
+        {"component": component, "kwargs": {**common(name), **extra, "train_on_input": train_on_input},
+         "count": len(files[name])}
+        for component, name, extra in builders
+        for train_on_input in (True, False)
+    ]  # fmt: skip
 
 
 def _torchtune(cases: list[dict]) -> list:
@@ -128,17 +202,15 @@ def _under_torchtune(case: dict) -> dict:
 def reference(tmp_path_factory):
     """(tokenizer cases, dataset cases, torchtune's results for both): one torchtune process for the module."""
     root = tmp_path_factory.mktemp("torchtune-tokens")
-    data_file = root / "alpaca.json"
-    data_file.write_text(json.dumps(_ALPACA_ROWS))
     tokenizer_cases = [
         {"family": family, "tokenizer": spec, "conversations": _conversations(train_on_input)}
         for family, spec in _tokenizers(root).items()
         for train_on_input in (True, False)
     ]
     dataset_cases = [
-        {"family": family, "tokenizer": spec, "dataset": dataset, "count": len(_ALPACA_ROWS)}
+        {"family": family, "tokenizer": spec, "dataset": dataset, "count": dataset.pop("count")}
         for family, spec in _tokenizers(root).items()
-        for dataset in _datasets(data_file, root / "hf-cache")
+        for dataset in _datasets(root)
     ]
     torchtune_cases = [_under_torchtune(case) for case in tokenizer_cases + dataset_cases]
     results = _torchtune(torchtune_cases)
@@ -163,6 +235,11 @@ def test_tokenizers_with_default_template_give_torchtunes_tokens_and_masks(refer
 def test_dataset_builders_give_torchtunes_tokens_and_labels(reference):
     tokenizer_cases, dataset_cases, results = reference
     for case, expected in zip(dataset_cases, results[len(tokenizer_cases) :]):
+        if isinstance(expected, str):  # torchtune refuses a row (Mistral's template and a system prompt): so does tune
+            with pytest.raises(ValueError, match="system message"):  # tune when building, torchtune when reading
+                dataset = _ours(case["dataset"], _ours(case["tokenizer"]))
+                [dataset[i] for i in range(case["count"])]
+            continue
         dataset = _ours(case["dataset"], _ours(case["tokenizer"]))
         got = [
             [list(map(int, dataset[i]["tokens"])), list(map(int, dataset[i]["labels"]))] for i in range(case["count"])

@@ -271,6 +271,9 @@ class PlainChatFormat:
 
     name = "plain"
     roles = frozenset({"system", "user", "assistant", "tool", "ipython"})
+    # torchtune's SentencePiece tokenizers: the EOS that replaces a cut sample's last token keeps that token's mask
+    # (see ChatTokenizer.truncation_keeps_mask)
+    truncation_keeps_mask = True
 
     def __init__(self, bos_token: str = "<s>", eos_token: str = "</s>") -> None:
         self.bos_token, self.eos_token = bos_token, eos_token
@@ -467,6 +470,24 @@ class Qwen2_5ChatFormat(_ChatML):
         return b.segments
 
 
+QWEN2_DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+class Qwen2ChatFormat(Qwen2_5ChatFormat):
+    """Qwen2 ChatML. Reproduces the chat template of ``Qwen/Qwen2-7B-Instruct``: Qwen 2.5's layout, with Qwen2's
+    default system prompt (:data:`QWEN2_DEFAULT_SYSTEM_PROMPT`) inserted when the conversation has none.
+
+    Args:
+        default_system_prompt (str | None): the system prompt inserted when the conversation has none; None
+            inserts nothing (differs from the real template).
+    """
+
+    name = "qwen2"
+
+    def __init__(self, default_system_prompt: str | None = QWEN2_DEFAULT_SYSTEM_PROMPT) -> None:
+        super().__init__(default_system_prompt)
+
+
 def _is_tool_response(text: str) -> bool:
     return text.startswith("<tool_response>") and text.endswith("</tool_response>")
 
@@ -563,6 +584,13 @@ class Gemma2ChatFormat:
         return b.segments
 
 
+class GemmaChatFormat(Gemma2ChatFormat):
+    """Gemma: the chat template of ``google/gemma-7b-it``, which is Gemma 2's (:class:`Gemma2ChatFormat`), under
+    the first generation's name."""
+
+    name = "gemma"
+
+
 class Phi3ChatFormat:
     """Phi-3: ``<|system|>\\n{content}<|end|>\\n<|user|>\\n...<|assistant|>\\n...<|end|>\\n<|endoftext|>``.
 
@@ -591,6 +619,32 @@ class Phi3ChatFormat:
             b.fixed("\n")
         elif add_end_tokens and messages[-1].eot:
             b.content(len(messages) - 1, self.eos_token, special=True)
+        return b.segments
+
+
+class Phi4ChatFormat:
+    """Phi-4: ``<|im_start|>system<|im_sep|>{content}<|im_end|><|im_start|>user<|im_sep|>...<|im_end|>``.
+
+    Reproduces the chat template of ``microsoft/phi-4``: no BOS, no newline between turns, content not stripped,
+    and ``<|im_start|>assistant<|im_sep|>`` as the generation prompt.
+    """
+
+    name = "phi4"
+    roles = frozenset({"system", "user", "assistant"})
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        b = _Builder(messages)
+        for i, m in enumerate(messages):
+            b.header(i, "<|im_start|>", special=True)
+            b.header(i, m.role)
+            b.header(i, "<|im_sep|>", special=True)
+            b.content(i, m._text)
+            if _open_end(messages, i, add_end_tokens):
+                b.end(i, "<|im_end|>", special=True)
+        if _needs_generation_prompt(messages, add_end_tokens):
+            b.fixed("<|im_start|>", special=True)
+            b.fixed("assistant")
+            b.fixed("<|im_sep|>", special=True)
         return b.segments
 
 
@@ -629,3 +683,150 @@ class TorchtuneLlama3Format:
         if add_end_tokens:
             segments.append(Segment("<|end_of_text|>", False, special=True))
         return segments
+
+
+def _text_parts(message: Message) -> list[str]:
+    """The message's text parts, each as given (torchtune encodes each part on its own)."""
+    if message._parts is None:
+        return [message._text]
+    return [part["content"] for part in message.content if part["type"] == "text"]
+
+
+_TOOL_ROLES = frozenset({"tool", "ipython"})
+
+
+class TorchtuneQwen2Format:
+    """torchtune's Qwen2 / Qwen 2.5 layout, token for token: per message
+    ``<|im_start|>{role}\n{text}<|im_end|>\n``, except that the last message, when it is an answer, stops after its
+    text; then ``<|im_end|>`` (torchtune's EOS for Qwen). Every token of a message carries its mask, the final
+    ``<|im_end|>`` the last message's, so a trained answer trains its ``<|im_start|>assistant\n``. No default
+    system prompt is inserted. A tool result (role ``tool``, torchtune's ``ipython``) has no turn markers of its
+    own; with ``tool_responses`` (Qwen 2.5) consecutive results share one user turn, each in
+    ``<tool_response>`` tags, and an answer with ``ipython=True`` is wrapped in ``<tool_call>`` tags. With
+    ``add_end_tokens=False`` no final ``<|im_end|>`` is added (no generation prompt either).
+
+    torchtune encodes the role line and each text part on its own; here the text between two special tokens is
+    encoded at once, which gives the same tokens unless a message's text starts with whitespace holding a line
+    break (the ``"\n"`` ending the role line then merges with it) or a message has several text parts.
+
+    :func:`~tune.models.qwen2.qwen2_tokenizer` and :func:`~tune.models.qwen2_5.qwen2_5_tokenizer` use it by default
+    with torchtune's ``vocab.json`` + ``merges.txt``; :class:`Qwen2ChatFormat` and :class:`Qwen2_5ChatFormat` are
+    the Hugging Face chat templates.
+
+    Args:
+        tool_responses (bool): Qwen 2.5's tool layout (True) or Qwen2's (False). Default False.
+    """
+
+    name = "qwen2"
+    roles = frozenset({"system", "user", "assistant", "tool", "ipython"})
+
+    def __init__(self, tool_responses: bool = False) -> None:
+        self.tool_responses = tool_responses
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        segments: list[Segment] = []
+        last = len(messages) - 1
+        for i, m in enumerate(messages):
+            pieces: list[tuple[str, bool]] = []
+            tool = m.role in _TOOL_ROLES
+            first_tool = tool and (i == 0 or messages[i - 1].role not in _TOOL_ROLES)
+            last_tool = tool and (i == last or messages[i + 1].role not in _TOOL_ROLES)
+            call = self.tool_responses and m.role == "assistant" and m.ipython
+            if not tool:
+                pieces += [("<|im_start|>", True), (m.role + "\n", False)]
+                if call:
+                    pieces += [("<tool_call>", True), ("\n", False)]
+            elif self.tool_responses and first_tool:
+                pieces += [("<|im_start|>", True), ("user\n<tool_response>\n", False)]
+            elif self.tool_responses:
+                pieces.append(("\n<tool_response>\n", False))
+            pieces += [(text, False) for text in _text_parts(m)]
+            if tool and self.tool_responses:
+                pieces.append(("\n</tool_response>", False))
+            if call:
+                pieces += [("\n", False), ("</tool_call>", True)]
+            if (not tool and (m.role != "assistant" or i != last)) or (last_tool and self.tool_responses):
+                pieces += [("<|im_end|>", True), ("\n", False)]
+            trained = not m.masked
+            segments += [Segment(text, trained, special) for text, special in pieces if text]
+        if add_end_tokens:
+            segments.append(Segment("<|im_end|>", not messages[-1].masked, special=True))
+        return segments
+
+
+class TorchtunePhi3Format:
+    """torchtune's Phi-3 mini layout, token for token: ``<s>``, then per message ``<|{role}|>`` and ``"\\n"``, each
+    text part with its trailing spaces removed and encoded as it reads in the middle of a text (no dummy-prefix
+    space), ``<|end|>`` and ``"\\n"``. Every token, ``<s>`` included, carries its message's mask. No
+    ``<|endoftext|>`` follows an answer: torchtune's ``tokenize_messages`` adds it (and a ``<s>`` after it) only
+    when asked to, and its datasets do not ask. ``add_end_tokens`` changes nothing.
+
+    :func:`~tune.models.phi3.phi3_mini_tokenizer` uses it by default with a ``tokenizer.model``;
+    :class:`Phi3ChatFormat` is the chat template of ``microsoft/Phi-3-mini-4k-instruct``.
+
+    Args:
+        bos_token (str): the BOS piece. Default "<s>".
+    """
+
+    name = "phi3"
+    roles = frozenset({"system", "user", "assistant"})
+
+    def __init__(self, bos_token: str = "<s>") -> None:
+        self.bos_token = bos_token
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        segments = [Segment(self.bos_token, not messages[0].masked, special=True)]
+        for m in messages:
+            trained = not m.masked
+            segments += [Segment(f"<|{m.role}|>", trained, special=True), Segment("\n", trained, separate=True)]
+            for text in _text_parts(m):
+                if text.rstrip(" "):
+                    segments.append(Segment(text.rstrip(" "), trained, separate=True, trim_leading_whitespace=True))
+            segments += [Segment("<|end|>", trained, special=True), Segment("\n", trained, separate=True)]
+        return segments
+
+
+class TorchtunePhi4Format:
+    """torchtune's Phi-4 layout, token for token: per message ``<|im_start|>{role}<|im_sep|>{text}`` with the
+    text parts' trailing spaces removed, then ``<|im_end|>`` after every message but an answer (torchtune's
+    ``tokenize_messages`` adds none there by default, and its datasets use that default). No BOS or EOS; every
+    token carries its message's mask. ``add_end_tokens`` changes nothing. The text parts of one message are encoded
+    together (torchtune encodes them one at a time; the same tokens for a message of one part).
+
+    :func:`~tune.models.phi4.phi4_tokenizer` uses it by default with torchtune's ``vocab.json`` + ``merges.txt``
+    (and torchtune's text split, ``TORCHTUNE_PHI4_PATTERN``); :class:`Phi4ChatFormat` is the chat template of
+    ``microsoft/phi-4``.
+    """
+
+    name = "phi4"
+    roles = frozenset({"system", "user", "assistant"})
+
+    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
+        segments: list[Segment] = []
+        for m in messages:
+            trained = not m.masked
+            segments += [
+                Segment("<|im_start|>", trained, special=True),
+                Segment(m.role, trained),
+                Segment("<|im_sep|>", trained, special=True),
+            ]
+            segments += [Segment(text.rstrip(" "), trained) for text in _text_parts(m) if text.rstrip(" ")]
+            if m.role != "assistant":
+                segments.append(Segment("<|im_end|>", trained, special=True))
+        return segments
+
+
+def named_chat_format(prompt_template: object, formats: Sequence[type]) -> Any:
+    """The chat format among ``formats`` that a tokenizer's ``prompt_template`` names: by its dotted name
+    (``"tune.data.Qwen2ChatFormat"``), as the class, or as an instance (kept with its settings). None when it
+    names none of them: no template, or a prompt template to apply before the family's torchtune layout."""
+    for cls in formats:
+        if prompt_template is cls or (isinstance(prompt_template, str) and prompt_template == _dotted(cls)):
+            return cls()
+        if type(prompt_template) is cls:
+            return prompt_template
+    return None
+
+
+def _dotted(cls: type) -> str:
+    return f"tune.data.{cls.__name__}"

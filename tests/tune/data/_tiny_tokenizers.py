@@ -9,6 +9,9 @@ temporary directory:
 - ``tiktoken_file()``: a tiktoken BPE file (base64 token + rank), first the 256 single bytes, then the merges of a
   byte-level BPE trained with ``tokenizers``.
 - ``qwen_tokenizer_json(...)``: a byte-level BPE ``tokenizer.json`` with Qwen's normaliser, regex and added tokens.
+- ``phi3_tokenizer_dir()``: the Llama-style model with Phi-3's added tokens (``tokenizer.model`` + ``tokenizer.json``).
+- ``phi4_bpe_files()``: a byte-level BPE with Phi-4's regex as ``vocab.json`` + ``merges.txt``, and a
+  ``tokenizer.json`` holding Phi-4's special tokens.
 """
 
 import atexit
@@ -320,3 +323,23 @@ def torchtune_no_template_reference(model_path: "str | Path", messages: list[Mes
             tokens.append(sp.eos_id())
             mask.append(message.masked)
     return tokens, mask
+
+
+@functools.cache
+def phi4_bpe_files() -> Path:
+    """A Phi-4-style byte-level BPE (cl100k regex, no normaliser) as ``vocab.json`` + ``merges.txt`` (torchtune's
+    arguments), next to a ``tokenizer.json`` of the same model whose added tokens are Phi-4's 96 special tokens
+    numbered after the BPE entries (what ``special_tokens_path`` reads)."""
+    from tokenizers import AddedToken
+
+    from tune.models.phi4._tokenizer import PHI4_ADDED_TOKENS, PHI4_PATTERN
+
+    tokenizer = _train_byte_level_bpe(PHI4_PATTERN, vocab_size=600, nfc=False)
+    out = _workdir() / "phi4-bpe"
+    out.mkdir()
+    tokenizer.model.save(str(out))
+    tokenizer.add_special_tokens(
+        [AddedToken(content, special=True, normalized=False) for content, _ in PHI4_ADDED_TOKENS]
+    )
+    tokenizer.save(str(out / "tokenizer.json"))
+    return out

@@ -38,7 +38,7 @@ from tests.tune.models._chat_templates import (
     QWEN2_5_TEMPLATE,
     QWEN3_TEMPLATE,
 )
-from tune.data import Llama2ChatFormat, Llama3ChatFormat, Message, MistralChatFormat, mask_messages
+from tune.data import Llama2ChatFormat, Llama3ChatFormat, Message, MistralChatFormat, Phi3ChatFormat, mask_messages
 from tune.models import gemma
 from tune.models.gemma2 import GemmaTokenizer, gemma2_tokenizer, gemma_tokenizer
 from tune.models.gemma3 import gemma3_tokenizer
@@ -160,7 +160,11 @@ FAMILIES = [
         generation_suffix="<end_of_turn>\n<start_of_turn>model\n",
         tool_error="gemma2 chat format does not support",
         torchtune_class=GemmaTokenizer,
-        torchtune=lambda ours: [GemmaTokenizer(str(gemma_sentencepiece_model() / "tokenizer.model"))],
+        torchtune=lambda ours: [
+            GemmaTokenizer(
+                str(gemma_sentencepiece_model() / "tokenizer.model"), prompt_template="tune.data.Gemma2ChatFormat"
+            )
+        ],
     ),
     Family(
         name="gemma3",
@@ -251,9 +255,11 @@ FAMILIES = [
         no_template_seed=4,
     ),
     Family(
-        # <|user|>, <|end|>, ... strip the "\n" after them (rstrip), so the template's newlines leave no tokens
+        # <|user|>, <|end|>, ... strip the "\n" after them (rstrip), so the template's newlines leave no tokens.
+        # tune's Hugging Face-exact format; the default with a tokenizer.model (torchtune's layout) gives
+        # torchtune's tokens (tests/recipes/test_torchtune_tokens.py)
         name="phi3",
-        builder=phi3_mini_tokenizer,
+        builder=functools.partial(phi3_mini_tokenizer, prompt_template="tune.data.Phi3ChatFormat"),
         files={
             "tokenizer.json": lambda: phi3_tokenizer_dir() / "tokenizer.json",
             "tokenizer.model": lambda: phi3_tokenizer_dir() / "tokenizer.model",
@@ -271,7 +277,11 @@ FAMILIES = [
         tool_error="phi3 chat format does not support",
         torchtune_class=Phi3MiniTokenizer,
         torchtune=lambda ours: [
-            Phi3MiniTokenizer(str(phi3_tokenizer_dir() / "tokenizer.model"), dict(ours.special_tokens))
+            Phi3MiniTokenizer(
+                str(phi3_tokenizer_dir() / "tokenizer.model"),
+                dict(ours.special_tokens),
+                prompt_template=Phi3ChatFormat(),
+            )
         ],
     ),
     Family(
@@ -656,10 +666,15 @@ def test_qwen2_5_tool_turns_and_generation_prompt_parity():
 
 
 def test_qwen2_5_vocab_and_merges_route():
-    # torchtune's arguments (vocab.json + merges.txt) build the same tokenizer as the tokenizer.json
+    # torchtune's arguments (vocab.json + merges.txt) build the same tokenizer as the tokenizer.json (with the same
+    # chat format named: torchtune's files alone give torchtune's layout, tests/recipes/test_torchtune_tokens.py)
     ours = _ours("qwen2_5")
     directory = qwen_tokenizer_json()
-    from_files = qwen2_5_tokenizer(str(directory / "vocab.json"), merges_file=str(directory / "merges.txt"))
+    from_files = qwen2_5_tokenizer(
+        str(directory / "vocab.json"),
+        merges_file=str(directory / "merges.txt"),
+        prompt_template="tune.data.Qwen2_5ChatFormat",
+    )
     messages = mask_messages(conversation())
     assert from_files.tokenize_messages(messages) == ours.tokenize_messages(messages)
     assert from_files.special_tokens == ours.special_tokens

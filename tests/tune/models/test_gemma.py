@@ -42,7 +42,11 @@ GEMMA_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def ours():
-    return gemma_tokenizer(str(gemma_sentencepiece_model() / "tokenizer.model"))
+    # tune's Hugging Face-exact format; the default (torchtune's layout) gives torchtune's tokens
+    # (tests/recipes/test_torchtune_tokens.py)
+    return gemma_tokenizer(
+        str(gemma_sentencepiece_model() / "tokenizer.model"), prompt_template="tune.data.GemmaChatFormat"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +61,7 @@ def test_gemma_template_is_gemma2s_so_one_tokenizer_serves_both(ours):
 
     assert Gemma2Tokenizer is GemmaTokenizer and isinstance(ours, GemmaTokenizer)
     other = gemma2_gemma_tokenizer(
-        str(gemma_sentencepiece_model() / "tokenizer.model")
+        str(gemma_sentencepiece_model() / "tokenizer.model"), prompt_template="tune.data.Gemma2ChatFormat"
     )  # the name Gemma 2's package keeps
     assert other.tokenize_messages(conversation(system=False)) == ours.tokenize_messages(conversation(system=False))
 

@@ -82,7 +82,10 @@ def test_special_ids_and_vocab_merges_route(ours):
     assert (ours.eos_id, ours.pad_id) == (ours.special_tokens["<|im_end|>"], ours.special_tokens["<|dummy_85|>"])
     assert ours.stop_tokens == [ours.eos_id, ours.bos_id] and ours.bos_id == ours.special_tokens["<|endoftext|>"]
     directory = phi4_tokenizer_dir()
-    from_files = phi4_tokenizer(str(directory / "vocab.json"), str(directory / "merges.txt"))
+    # the chat format named: torchtune's files alone give torchtune's layout (tests/recipes/test_torchtune_tokens.py)
+    from_files = phi4_tokenizer(
+        str(directory / "vocab.json"), str(directory / "merges.txt"), prompt_template="tune.data.Phi4ChatFormat"
+    )
     messages = mask_messages(conversation())
     assert from_files.tokenize_messages(messages) == ours.tokenize_messages(messages)
     assert from_files.special_tokens == ours.special_tokens

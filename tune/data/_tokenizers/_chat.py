@@ -109,12 +109,6 @@ class ChatTokenizer:
         ValueError: for a non-positive ``max_seq_len`` or a bad ``prompt_template``.
     """
 
-    # When a conversation is cut to ``max_seq_len``, EOS replaces its last token. False: that EOS gets no loss (the
-    # text did not end there; torchtune's Llama 3 and Qwen tokenizers). True: it keeps the replaced token's mask,
-    # trained inside an answer (torchtune's SentencePiece tokenizers, Llama 2, Mistral and Gemma, and Phi-3/Phi-4).
-    # The datasets, which cut samples themselves, read it too.
-    truncation_keeps_mask = False
-
     def __init__(
         self,
         tokenizer: TextTokenizer,
@@ -167,6 +161,15 @@ class ChatTokenizer:
         if self.prompt_template is not None:
             messages = check_messages(self.prompt_template(messages), self.chat_format, add_end_tokens=add_end_tokens)
         return self.chat_format.render(messages, add_end_tokens=add_end_tokens)
+
+    @property
+    def truncation_keeps_mask(self) -> bool:
+        """When a conversation is cut to ``max_seq_len``, EOS replaces its last token. False (the default): that EOS
+        gets no loss, the text did not end there (torchtune's Llama 3 and Qwen tokenizers do the same). True, for
+        torchtune's SentencePiece layout (:class:`~tune.data.PlainChatFormat`: Llama 2, Mistral, Gemma under
+        torchtune's names): it keeps the mask of the token it replaces, trained inside an answer, as torchtune's
+        tokenizers do. The datasets, which cut samples themselves, follow it too."""
+        return getattr(self.chat_format, "truncation_keeps_mask", False)
 
     def tokenize_messages(
         self, messages: Sequence[Message], *, add_end_tokens: bool = True

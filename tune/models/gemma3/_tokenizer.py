@@ -5,7 +5,9 @@ from tune.models.gemma import GemmaTokenizer
 
 
 def gemma3_tokenizer(
-    path: str, max_seq_len: int | None = None, prompt_template: "PromptTemplate | str | None" = None
+    path: str,
+    max_seq_len: int | None = None,
+    prompt_template: "PromptTemplate | str | None" = "tune.data.Gemma2ChatFormat",
 ) -> GemmaTokenizer:
     """The Gemma tokenizer with the chat format of ``google/gemma-3-1b-it``'s template.
 
@@ -17,7 +19,8 @@ def gemma3_tokenizer(
     Args:
         path (str): ``tokenizer.model`` (SentencePiece) of a Gemma 3 checkpoint.
         max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
+        prompt_template (PromptTemplate | str | None): the chat format above (``"tune.data.Gemma2ChatFormat"``,
+            the default); None or a prompt template gives torchtune's Gemma layout (see :class:`GemmaTokenizer`).
 
     Returns:
         GemmaTokenizer: BOS ``<bos>``, EOS ``<eos>``, pad ``<pad>``, stop tokens ``[<eos>, <end_of_turn>]``.

@@ -38,8 +38,6 @@ class Llama2Tokenizer(ChatTokenizer):
         FileNotFoundError: if ``path`` does not exist.
     """
 
-    truncation_keeps_mask = True  # torchtune's: a cut sample's EOS keeps the mask of the token it replaces
-
     def __init__(
         self,
         path: str,

@@ -98,8 +98,6 @@ class MistralTokenizer(ChatTokenizer):
         ValueError: if only one of ``[INST]`` and ``[/INST]`` is a control piece of the model.
     """
 
-    truncation_keeps_mask = True  # torchtune's: a cut sample's EOS keeps the mask of the token it replaces
-
     def __init__(
         self,
         path: str,

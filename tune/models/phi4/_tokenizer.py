@@ -2,10 +2,8 @@
 chat format ``<|im_start|>{role}<|im_sep|>{content}<|im_end|>``."""
 
 import logging
-from collections.abc import Sequence
 
-from tune.data import Message, Segment
-from tune.data._chat_formats import _Builder, _needs_generation_prompt, _open_end
+from tune.data._chat_formats import Phi4ChatFormat, TorchtunePhi4Format, named_chat_format
 from tune.data._tokenizers import (
     ChatTokenizer,
     HuggingFaceBaseTokenizer,
@@ -22,6 +20,11 @@ PHI4_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+# The text split of torchtune's Phi-4 tokenizer (its GPT-2 tokenizer's regex, without the (?i) and the Unicode
+# classes of Phi-4's own): digits stay with letters ("abc123") and digit runs are not cut in threes. torchtune's
+# layout uses it, so that torchtune's files give torchtune's tokens.
+TORCHTUNE_PHI4_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?[\w]+| ?\d+| ?[^\s\w\d]+|\s+(?!\S)|\s+"""
 
 # Phi-4's special tokens after the 100256 BPE entries (microsoft/phi-4, ids 100256-100351), named ones first; the
 # other ids are <|dummy_N|> placeholders, numbered on from 4 in id order.
@@ -48,34 +51,8 @@ PHI4_SPECIAL_TOKENS: dict[str, int] = {
 PHI4_ADDED_TOKENS = [(token, True) for token, _ in sorted(PHI4_SPECIAL_TOKENS.items(), key=lambda item: item[1])]
 
 
-class Phi4ChatFormat:
-    """Phi-4: ``<|im_start|>system<|im_sep|>{content}<|im_end|><|im_start|>user<|im_sep|>...<|im_end|>``.
-
-    Reproduces the chat template of ``microsoft/phi-4``: no BOS, no newline between turns, content not stripped,
-    and ``<|im_start|>assistant<|im_sep|>`` as the generation prompt.
-    """
-
-    name = "phi4"
-    roles = frozenset({"system", "user", "assistant"})
-
-    def render(self, messages: Sequence[Message], *, add_end_tokens: bool = True) -> list[Segment]:
-        b = _Builder(messages)
-        for i, m in enumerate(messages):
-            b.header(i, "<|im_start|>", special=True)
-            b.header(i, m.role)
-            b.header(i, "<|im_sep|>", special=True)
-            b.content(i, m._text)
-            if _open_end(messages, i, add_end_tokens):
-                b.end(i, "<|im_end|>", special=True)
-        if _needs_generation_prompt(messages, add_end_tokens):
-            b.fixed("<|im_start|>", special=True)
-            b.fixed("assistant")
-            b.fixed("<|im_sep|>", special=True)
-        return b.segments
-
-
 def _text_tokenizer(
-    vocab_path: str | None, merges_path: str | None, special_tokens_path: str | None
+    vocab_path: str | None, merges_path: str | None, special_tokens_path: str | None, pattern: str = PHI4_PATTERN
 ) -> HuggingFaceBaseTokenizer:
     if vocab_path is None:
         raise ValueError(
@@ -89,12 +66,18 @@ def _text_tokenizer(
         entries = read_json_file(special_tokens_path, "special_tokens_path").get("added_tokens", [])
         added = [(e["content"], bool(e.get("special", True))) for e in sorted(entries, key=lambda e: e["id"])]
     # no normaliser: Phi-4's tokenizer does not apply NFC
-    tokenizer = byte_level_bpe_tokenizer(vocab_path, merges_path, pattern=PHI4_PATTERN, added_tokens=added, nfc=False)
+    tokenizer = byte_level_bpe_tokenizer(vocab_path, merges_path, pattern=pattern, added_tokens=added, nfc=False)
     return HuggingFaceBaseTokenizer.from_tokenizer(tokenizer)
 
 
 class Phi4Tokenizer(ChatTokenizer):
-    """The Phi-4 (14B) tokenizer (torchtune's class; :func:`phi4_tokenizer` returns one).
+    """The Phi-4 (14B) tokenizer (torchtune's class; :func:`phi4_tokenizer` returns one). With ``vocab.json`` +
+    ``merges.txt`` (torchtune's files) text is split and conversations are laid out as torchtune does
+    (:data:`TORCHTUNE_PHI4_PATTERN`, :class:`TorchtunePhi4Format`: message text with its trailing
+    spaces removed, no ``<|im_end|>`` after an answer, every token carrying its message's mask);
+    ``prompt_template: tune.data.Phi4ChatFormat`` selects the tokenizer and chat template of ``microsoft/phi-4``
+    token for token, as tune's configs do. A ``tokenizer.json`` (which torchtune did not take) gets that chat
+    template unless another is named.
 
     Args:
         merges_path (str | None): ``merges.txt``, with ``vocab_path`` a ``vocab.json``; None with a
@@ -103,7 +86,9 @@ class Phi4Tokenizer(ChatTokenizer):
         special_tokens (dict[str, int] | None): accepted for torchtune's signature; the ids are read from the
             tokenizer (``special_tokens_path`` of :func:`phi4_tokenizer` chooses them for vocab/merges).
         max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
+        prompt_template (PromptTemplate | str | None): a prompt template applied to the messages (as in
+            torchtune), or :class:`~tune.data.Phi4ChatFormat` (by dotted name, class or instance): that chat
+            template instead of torchtune's layout.
         special_tokens_path (str | None): with vocab/merges, a tokenizer.json whose ``added_tokens`` are used.
 
     Raises:
@@ -120,7 +105,16 @@ class Phi4Tokenizer(ChatTokenizer):
         prompt_template: "PromptTemplate | str | None" = None,
         special_tokens_path: str | None = None,
     ) -> None:
-        text = _text_tokenizer(vocab_path, merges_path, special_tokens_path)
+        chat_format = named_chat_format(prompt_template, (Phi4ChatFormat,))
+        if chat_format is not None:
+            prompt_template = None
+        elif merges_path is None:
+            chat_format = Phi4ChatFormat()
+        else:
+            chat_format = TorchtunePhi4Format()
+        torchtune_layout = isinstance(chat_format, TorchtunePhi4Format)
+        pattern = TORCHTUNE_PHI4_PATTERN if torchtune_layout else PHI4_PATTERN
+        text = _text_tokenizer(vocab_path, merges_path, special_tokens_path, pattern)
         found = {token: text.token_id(token) for token in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_sep|>")}
         found["<|dummy_85|>"] = text.token_id("<|dummy_85|>")
         if special_tokens is not None:
@@ -130,7 +124,7 @@ class Phi4Tokenizer(ChatTokenizer):
         im_end, end_of_text = found["<|im_end|>"], found["<|endoftext|>"]
         super().__init__(
             text,
-            Phi4ChatFormat(),
+            chat_format,
             bos_id=end_of_text,  # torchtune's: prepended by encode(add_bos=True), never by the chat format
             eos_id=im_end,
             pad_id=found["<|dummy_85|>"],
@@ -149,7 +143,9 @@ def phi4_tokenizer(
     prompt_template: "PromptTemplate | str | None" = None,
     path: str | None = None,
 ) -> Phi4Tokenizer:
-    """The Phi-4 tokenizer with the chat format of ``microsoft/phi-4``.
+    """The Phi-4 tokenizer: torchtune's text split and layout with ``vocab.json`` + ``merges.txt``, the tokenizer
+    and chat template of ``microsoft/phi-4`` with ``prompt_template="tune.data.Phi4ChatFormat"`` or a
+    ``tokenizer.json`` (see :class:`Phi4Tokenizer`).
 
     Args:
         vocab_path (str | None): ``vocab.json`` (with ``merges_path``; the special tokens get ids 100256-100351 in
@@ -158,7 +154,7 @@ def phi4_tokenizer(
         special_tokens_path (str | None): with vocab/merges, a tokenizer.json whose ``added_tokens`` are used
             instead of Phi-4's built-in list.
         max_seq_len (int | None): conversations are truncated to this many tokens when set.
-        prompt_template (PromptTemplate | str | None): applied to messages before the chat format.
+        prompt_template (PromptTemplate | str | None): see :class:`Phi4Tokenizer`.
         path (str | None): the model's ``tokenizer.json`` (or its directory), in place of ``vocab_path``: the key
             tune's configs use for every family's tokenizer file. Default None.
 
