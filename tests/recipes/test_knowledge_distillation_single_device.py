@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests._helpers import assert_close_after_adamw
 from tests.recipes.utils import (
     ASSETS,
     MAX_POSITIONS,
@@ -148,7 +149,10 @@ def test_losses_equal_a_plain_pytorch_loop(kd_run, tiny_assets, teacher_dir):
         ours, theirs = [r[key] for r in records], [r[key] for r in reference]
         print(f"{key:10s} recipe {ours}\n{'':10s} plain  {theirs}")
         worst = max(worst, max(abs(a - b) for a, b in zip(ours, theirs)))
-        assert ours == pytest.approx(theirs, abs=1e-5, rel=0)
+        # step 1 is the same float32 math; later steps follow AdamW updates, whose first moves each weight by about
+        # lr * sign(grad): gradient entries at rounding level may go either way and shift the loss by a few 1e-6
+        # relative (measured up to 2.2e-6)
+        assert ours == pytest.approx(theirs, abs=0, rel=1e-5)
     print(f"max |recipe - plain loop| over the 3 steps: {worst:.1e}")
     assert all(r["kd_loss"] > 0.1 for r in records)  # the teacher differs: the KD term is not trivially 0
 
@@ -157,9 +161,7 @@ def test_losses_equal_a_plain_pytorch_loop(kd_run, tiny_assets, teacher_dir):
 
     saved = load_file(kd_run["out"] / f"step_{NUM_STEPS}" / "adapter" / "adapter_model.safetensors")
     reference_adapter = {k.replace(".default", ""): v for k, v in ref_student.state_dict().items() if "lora_" in k}
-    assert saved.keys() == reference_adapter.keys()
-    for key, value in reference_adapter.items():
-        torch.testing.assert_close(saved[key], value, atol=1e-4, rtol=0, msg=key)
+    assert_close_after_adamw(saved, reference_adapter, lr=1e-2, steps=NUM_STEPS)  # kd_tiny.yaml's lr
 
 
 def test_resume_equals_the_uninterrupted_run(kd_run, tiny_assets, teacher_dir):
