@@ -16,11 +16,14 @@ $(VENV)/.installed: pyproject.toml .ci/constraints.txt
 	$(PIP) -e ".[dev]"
 	touch $@
 
+# test workers: the CPUs this process may use, from 2 to 4 (each worker keeps a recipe runner to fork from)
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(2, min(4, len(os.sched_getaffinity(0)))))")
+
 test: setup
-	$(BIN)/python -m pytest -m "not slow" -n 2 --timeout 600 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n $(WORKERS) --timeout 600 $(PYTEST_ARGS)
 
 test-all: setup
-	$(BIN)/python -m pytest -n 2 --timeout 1800 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) --timeout 1800 $(PYTEST_ARGS)
 
 # formatting, lint rules and the import contracts (all configured in pyproject.toml); changes no file
 lint: setup

@@ -205,6 +205,7 @@ def test_disk_full_while_saving_the_config_keeps_the_previous_one(failed_save, t
     assert (run / "step_3" / ".complete").is_file()
 
 
+@pytest.mark.slow  # 2 gloo ranks, a sharded save (~17 s); rank zero's disk-full cases run in the default tier
 def test_disk_full_on_one_rank_during_a_sharded_save(tiny_assets, tmp_path, monkeypatch):
     out = tmp_path / "out"
     common = [f"assets_dir={tiny_assets}", f"output_dir={out}", "batch_size=2", "save_every_n_steps=1"]
@@ -283,7 +284,14 @@ def test_disk_full_while_writing_the_eval_results(tiny_assets, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [results.name]
 
 
-@pytest.mark.parametrize("what", ["metric_log", "gathered_model", "config"])
+@pytest.mark.parametrize(
+    "what",
+    [  # one write in the default tier (2 gloo ranks each, ~8 s); the others are the same path
+        "config",
+        pytest.param("metric_log", marks=pytest.mark.slow),
+        pytest.param("gathered_model", marks=pytest.mark.slow),
+    ],
+)
 def test_disk_full_on_rank_zero_alone_stops_every_rank_with_one_line(tiny_assets, tmp_path, monkeypatch, what):
     # rank 0 alone writes these; it shares the failure (tune.training.errors_on_all_ranks), so every rank stops there
     # with the same error, which rank 0 alone prints

@@ -54,6 +54,7 @@ def test_an_old_copy_of_lora_finetune_single_device_still_trains_and_its_checkpo
         assert resumed[step] == pytest.approx(uninterrupted[step], abs=1e-6, rel=0), step
 
 
+@pytest.mark.slow  # 2 gloo ranks, twice (~25 s); the single-device copies run in the default tier
 def test_an_old_copy_of_lora_finetune_distributed_still_trains_and_its_checkpoint_resumes(tiny_assets, tmp_path):
     def run(recipe, out, *extra):
         run_distributed(recipe, CONFIG, _overrides(tiny_assets, out, "batch_size=2", *extra), cwd=tmp_path)

@@ -189,10 +189,25 @@ def _check_peft(family: str, method: str, data: Path, step_dir: Path, lora: dict
         assert (peft_logits - base_logits).abs().max() > 1e-2
 
 
+# QLoRA differs from LoRA in the base weights alone (NF4), the same in every family: three families' QLoRA configs
+# run in the default tier (dense, MoE, and Gemma 3's tied embeddings), the others in the slow tier
+DEFAULT_TIER_QLORA = {"llama3_1", "qwen3_moe", "gemma3"}
+
+
 def _resume_params() -> list:
-    """(family, method, resume) per shipped single-device config: every one trains, loads in transformers (and
-    PEFT) and resumes in the default tier (a tiny run forks from tests/recipes/_zygote.py: ~2.5 s)."""
-    return [pytest.param(family, method, True, id=f"{family}-{method}") for family, method in SINGLE_CASES]
+    """(family, method, resume) per shipped single-device config: each trains, loads in transformers (and PEFT)
+    and resumes (a tiny run forks from tests/recipes/_zygote.py: ~3 s); full and LoRA of every family in the
+    default tier, QLoRA of DEFAULT_TIER_QLORA."""
+    return [
+        pytest.param(
+            family,
+            method,
+            True,
+            id=f"{family}-{method}",
+            marks=pytest.mark.slow if method == "qlora" and family not in DEFAULT_TIER_QLORA else (),
+        )
+        for family, method in SINGLE_CASES
+    ]
 
 
 @pytest.mark.parametrize("family, method, resume", _resume_params())
@@ -226,13 +241,11 @@ def test_shipped_single_device_config_trains_resumes_and_loads_in_hf(family_asse
     _check_resumed(resumed_out, uninterrupted, trained)
 
 
-# the distributed configs that run in the default tier (2 gloo ranks, ~20 s of CPU each): one LoRA config per
-# family whose blocks no other family's case covers, and both of each MoE family's; the others in the slow tier
-DEFAULT_TIER_DIST = {
-    *[(f, "lora") for f in ("llama2", "gemma", "gemma2", "gemma3", "qwen2_5", "qwen3", "llama4")],
-    ("qwen3_moe", "full"),
-    ("qwen3_moe", "lora"),
-}
+# the distributed configs that run in the default tier (2 gloo ranks, ~13 s each): a dense LoRA config, the
+# family with the most kinds of layers (Gemma 3: sliding-window and global attention, q/k norms, tied embeddings), and
+# an MoE full config (experts sharded); every family's blocks run single-device in the default tier, and its
+# distributed configs in the slow tier (`make test-all`)
+DEFAULT_TIER_DIST = {("llama2", "lora"), ("gemma3", "lora"), ("qwen3_moe", "full")}
 
 
 @pytest.mark.parametrize(
