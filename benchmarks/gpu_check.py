@@ -13,7 +13,8 @@ Sections, in order, each skipped (and said so in the table) when the time budget
    accumulation 1, the same alpaca-format data and SentencePiece tokenizer (text tokens are irrelevant to speed),
    full fine-tuning with fused AdamW stepped in the backward pass (``optimizer_in_bwd``; torchtune's config names
    bitsandbytes' paged 8-bit AdamW, which is not installed there).
-3. rl: a LoRA DPO step on Llama 3.2 1B shapes, both systems (pairs/s).
+3. rl: a LoRA DPO step on Llama 3.2 1B shapes, both systems (pairs/s), and a full GRPO step with generation (tune
+   only: torchtune 0.6.1 has no single-device GRPO recipe; completions/s).
 
 Definitions. tokens/s: packed positions (batch x 2,048) per second over the steps after ``--warmup`` steps, from
 the wall times the shared logger (``benchmarks/gpu_check_components.py``) writes after synchronising the device.
