@@ -59,296 +59,42 @@ SIZES = [
     Size("llama2", "13B", "llama2_13b", "LLAMA2", L2, "tokenizer.model", None, ("lora", "qlora"), big=True),
     Size("llama2", "70B", "llama2_70b", "LLAMA2", L2, "tokenizer.model", None, ("qlora",), big=True),
     # Code Llama: a Llama 2 architecture read with the Llama 2 converter (torchtune's configs say LLAMA2 too)
-    Size(
-        "code_llama2",
-        "7B",
-        "code_llama2_7b",
-        "LLAMA2",
-        L2,
-        "tokenizer.model",
-        None,
-        ("full", "lora", "qlora"),
-        big=True,
-    ),
-    Size(
-        "llama3",
-        "8B",
-        "llama3_8b",
-        "LLAMA3",
-        L3,
-        ORIG,
-        None,
-        ("full", "lora", "qlora"),
-        big=True,
-        extra_ignore="original/consolidated.00.pth",
-    ),
-    Size(
-        "llama3",
-        "70B",
-        "llama3_70b",
-        "LLAMA3",
-        L3,
-        ORIG,
-        None,
-        ("qlora",),
-        big=True,
-        extra_ignore="original/consolidated*",
-    ),
-    Size(
-        "llama3_1",
-        "8B",
-        "llama3_1_8b",
-        "LLAMA3",
-        L3,
-        ORIG,
-        None,
-        ("full", "lora", "qlora"),
-        big=True,
-        extra_ignore="original/consolidated.00.pth",
-    ),
-    Size(
-        "llama3_1",
-        "70B",
-        "llama3_1_70b",
-        "LLAMA3",
-        L3,
-        ORIG,
-        None,
-        ("qlora",),
-        big=True,
-        extra_ignore="original/consolidated*",
-    ),
-    Size(
-        "llama3_2",
-        "1B",
-        "llama3_2_1b",
-        "LLAMA3_2",
-        L3,
-        ORIG,
-        "model.safetensors",
-        ("full", "lora", "qlora"),
-        extra_ignore="original/consolidated.00.pth",
-    ),
-    Size(
-        "llama3_2",
-        "3B",
-        "llama3_2_3b",
-        "LLAMA3_2",
-        L3,
-        ORIG,
-        None,
-        ("full", "lora", "qlora"),
-        extra_ignore="original/consolidated.00.pth",
-    ),
-    Size(
-        "llama3_3",
-        "70B",
-        "llama3_3_70b",
-        "LLAMA3",
-        L3,
-        ORIG,
-        None,
-        ("qlora",),
-        big=True,
-        extra_ignore="original/consolidated*",
-    ),
+    Size("code_llama2", "7B", "code_llama2_7b", "LLAMA2", L2, "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
+    Size("llama3", "8B", "llama3_8b", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),
+    Size("llama3", "70B", "llama3_70b", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
+    Size("llama3_1", "8B", "llama3_1_8b", "LLAMA3", L3, ORIG, None, ("full", "lora", "qlora"), big=True, extra_ignore="original/consolidated.00.pth"),
+    Size("llama3_1", "70B", "llama3_1_70b", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
+    Size("llama3_2", "1B", "llama3_2_1b", "LLAMA3_2", L3, ORIG, "model.safetensors", ("full", "lora", "qlora"), extra_ignore="original/consolidated.00.pth"),
+    Size("llama3_2", "3B", "llama3_2_3b", "LLAMA3_2", L3, ORIG, None, ("full", "lora", "qlora"), extra_ignore="original/consolidated.00.pth"),
+    Size("llama3_3", "70B", "llama3_3_70b", "LLAMA3", L3, ORIG, None, ("qlora",), big=True, extra_ignore="original/consolidated*"),
     # fine-tunes Mistral-7B-Instruct-v0.2, whose config.json (rope_theta 1e6, no sliding window) is not the v0.1
     # architecture mistral_7b builds (rope_base 1e4, sliding_window 4096); kept as shipped until that is settled
-    Size(
-        "mistral",
-        "7B",
-        "mistral_7b",
-        "MISTRAL",
-        "mistral.mistral_tokenizer",
-        "tokenizer.model",
-        None,
-        ("full", "lora", "qlora"),
-        big=True,
-        repo="mistralai/Mistral-7B-Instruct-v0.2",
-    ),
-    Size(
-        "qwen2_5",
-        "0.5B",
-        "qwen2_5_0_5b",
-        "QWEN2",
-        "qwen2_5.qwen2_5_tokenizer",
-        "tokenizer.json",
-        "model.safetensors",
-        ("full", "lora", "qlora"),
-    ),
-    Size(
-        "qwen2_5",
-        "1.5B",
-        "qwen2_5_1_5b_instruct",
-        "QWEN2",
-        "qwen2_5.qwen2_5_tokenizer",
-        "tokenizer.json",
-        "model.safetensors",
-        ("full", "lora", "qlora"),
-    ),
-    Size(
-        "qwen2_5",
-        "3B",
-        "qwen2_5_3b",
-        "QWEN2",
-        "qwen2_5.qwen2_5_tokenizer",
-        "tokenizer.json",
-        None,
-        ("full", "lora", "qlora"),
-    ),
-    Size(
-        "qwen2_5",
-        "7B",
-        "qwen2_5_7b_instruct",
-        "QWEN2",
-        "qwen2_5.qwen2_5_tokenizer",
-        "tokenizer.json",
-        None,
-        ("full", "lora", "qlora"),
-        big=True,
-    ),
-    Size(
-        "qwen2_5",
-        "14B",
-        "qwen2_5_14b_instruct",
-        "QWEN2",
-        "qwen2_5.qwen2_5_tokenizer",
-        "tokenizer.json",
-        None,
-        ("lora", "qlora"),
-        big=True,
-    ),
-    Size(
-        "qwen2_5",
-        "32B",
-        "qwen2_5_32b_instruct",
-        "QWEN2",
-        "qwen2_5.qwen2_5_tokenizer",
-        "tokenizer.json",
-        None,
-        ("qlora",),
-        big=True,
-    ),
-    Size(
-        "qwen2_5",
-        "72B",
-        "qwen2_5_72b_instruct",
-        "QWEN2",
-        "qwen2_5.qwen2_5_tokenizer",
-        "tokenizer.json",
-        None,
-        ("qlora",),
-        big=True,
-    ),
-    Size(
-        "qwen3",
-        "0.6B",
-        "qwen3_0_6b_instruct",
-        "QWEN3",
-        "qwen3.qwen3_tokenizer",
-        "tokenizer.json",
-        "model.safetensors",
-        ("full", "lora", "qlora"),
-    ),
-    Size(
-        "qwen3",
-        "1.7B",
-        "qwen3_1_7b_instruct",
-        "QWEN3",
-        "qwen3.qwen3_tokenizer",
-        "tokenizer.json",
-        None,
-        ("full", "lora", "qlora"),
-    ),
-    Size(
-        "qwen3",
-        "4B",
-        "qwen3_4b_instruct",
-        "QWEN3",
-        "qwen3.qwen3_tokenizer",
-        "tokenizer.json",
-        None,
-        ("full", "lora", "qlora"),
-    ),
-    Size(
-        "qwen3",
-        "8B",
-        "qwen3_8b_instruct",
-        "QWEN3",
-        "qwen3.qwen3_tokenizer",
-        "tokenizer.json",
-        None,
-        ("full", "lora", "qlora"),
-        big=True,
-    ),
-    Size(
-        "qwen3",
-        "14B",
-        "qwen3_14b_instruct",
-        "QWEN3",
-        "qwen3.qwen3_tokenizer",
-        "tokenizer.json",
-        None,
-        ("lora", "qlora"),
-        big=True,
-    ),
+    Size("mistral", "7B", "mistral_7b", "MISTRAL", "mistral.mistral_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora"), big=True, repo="mistralai/Mistral-7B-Instruct-v0.2"),
+    Size("qwen2_5", "0.5B", "qwen2_5_0_5b", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
+    Size("qwen2_5", "1.5B", "qwen2_5_1_5b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
+    Size("qwen2_5", "3B", "qwen2_5_3b", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
+    Size("qwen2_5", "7B", "qwen2_5_7b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora"), big=True),
+    Size("qwen2_5", "14B", "qwen2_5_14b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("lora", "qlora"), big=True),
+    Size("qwen2_5", "32B", "qwen2_5_32b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
+    Size("qwen2_5", "72B", "qwen2_5_72b_instruct", "QWEN2", "qwen2_5.qwen2_5_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
+    Size("qwen3", "0.6B", "qwen3_0_6b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", "model.safetensors", ("full", "lora", "qlora")),
+    Size("qwen3", "1.7B", "qwen3_1_7b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
+    Size("qwen3", "4B", "qwen3_4b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora")),
+    Size("qwen3", "8B", "qwen3_8b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("full", "lora", "qlora"), big=True),
+    Size("qwen3", "14B", "qwen3_14b_instruct", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("lora", "qlora"), big=True),
     Size("qwen3", "32B", "qwen3_32b", "QWEN3", "qwen3.qwen3_tokenizer", "tokenizer.json", None, ("qlora",), big=True),
-    Size(
-        "gemma2",
-        "2B",
-        "gemma2_2b",
-        "GEMMA2",
-        "gemma2.gemma2_tokenizer",
-        "tokenizer.model",
-        None,
-        ("full", "lora", "qlora"),
-    ),
-    Size(
-        "gemma2",
-        "9B",
-        "gemma2_9b",
-        "GEMMA2",
-        "gemma2.gemma2_tokenizer",
-        "tokenizer.model",
-        None,
-        ("full", "lora", "qlora"),
-        big=True,
-    ),
-    Size(
-        "gemma2",
-        "27B",
-        "gemma2_27b",
-        "GEMMA2",
-        "gemma2.gemma2_tokenizer",
-        "tokenizer.model",
-        None,
-        ("lora", "qlora"),
-        big=True,
-    ),
-    Size(
-        "phi3",
-        "mini",
-        "phi3_mini",
-        "PHI3_MINI",
-        "phi3.phi3_mini_tokenizer",
-        "tokenizer.model",
-        None,
-        ("full", "lora", "qlora"),
-    ),
+    Size("gemma2", "2B", "gemma2_2b", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora")),
+    Size("gemma2", "9B", "gemma2_9b", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora"), big=True),
+    Size("gemma2", "27B", "gemma2_27b", "GEMMA2", "gemma2.gemma2_tokenizer", "tokenizer.model", None, ("lora", "qlora"), big=True),
+    Size("phi3", "mini", "phi3_mini", "PHI3_MINI", "phi3.phi3_mini_tokenizer", "tokenizer.model", None, ("full", "lora", "qlora")),
 ]
 
-RECIPE = {
-    "full": "full_finetune_single_device",
-    "lora": "lora_finetune_single_device",
-    "qlora": "lora_finetune_single_device",
-}
+RECIPE = {"full": "full_finetune_single_device", "lora": "lora_finetune_single_device", "qlora": "lora_finetune_single_device"}
 
 
 def _header(s: Size, method: str) -> str:
-    what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning (NF4 base weights)"}[
-        method
-    ]
-    ignore = f' --ignore-patterns "{s.extra_ignore}"' if s.extra_ignore else ""
+    what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning (NF4 base weights)"}[method]
+    ignore = f" --ignore-patterns \"{s.extra_ignore}\"" if s.extra_ignore else ""
     name = f"{s.family}/{s.size}_{method}_single_device"
     return (
         f"# {what} of {s.repo} on one device, with {RECIPE[method]}.py.\n"
@@ -381,11 +127,7 @@ def _model(s: Size, method: str) -> str:
 
 
 def _checkpointer(s: Size, method: str) -> str:
-    files = (
-        f"[{s.checkpoint_files}]"
-        if s.checkpoint_files
-        else "null  # null: every shard listed in model.safetensors.index.json"
-    )
+    files = f"[{s.checkpoint_files}]" if s.checkpoint_files else "null  # null: every shard listed in model.safetensors.index.json"
     adapter = "  adapter_checkpoint: null\n" if method != "full" else ""
     return (
         "checkpointer:\n"
@@ -414,15 +156,21 @@ _HF_FORMATS = {
 _HF_FORMAT_NOTE = "# the Hugging Face chat template's tokens (torchtune's name gives torchtune's)"
 
 
-def _tokenizer_checkpointer_dataset(s: Size, method: str) -> str:
-    # the part every config shares, from the tokenizer to the dataset (which the caller's lines continue)
-    out = (
+def _tokenizer(s: Size, max_seq_len: str) -> str:
+    """The tokenizer section; ``max_seq_len`` is the value with its comment, if any."""
+    template = f"  prompt_template: {_HF_FORMATS[s.tokenizer]}  {_HF_FORMAT_NOTE}\n" if s.tokenizer in _HF_FORMATS else ""
+    return (
         "tokenizer:\n"
         f"  _component_: tune.models.{s.tokenizer}\n"
-        + (f"  prompt_template: {_HF_FORMATS[s.tokenizer]}  {_HF_FORMAT_NOTE}\n" if s.tokenizer in _HF_FORMATS else "")
+        + template
         + f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
-        "  max_seq_len: 2048\n\n"
+        f"  max_seq_len: {max_seq_len}\n\n"
     )
+
+
+def _tokenizer_checkpointer_dataset(s: Size, method: str) -> str:
+    # the part every config shares, from the tokenizer to the dataset (which the caller's lines continue)
+    out = _tokenizer(s, "2048")
     out += _checkpointer(s, method)
     if method != "full":
         out += "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
@@ -489,21 +237,13 @@ def render(s: Size, method: str) -> str:
 # full_finetune_distributed.py and lora_finetune_distributed.py with torchrun.
 
 DIST_SIZES = [
-    ("llama2", "13B"),
-    ("llama2", "70B"),
-    ("llama3", "8B"),
-    ("llama3", "70B"),
-    ("llama3_1", "8B"),
-    ("llama3_1", "70B"),
+    ("llama2", "13B"), ("llama2", "70B"),
+    ("llama3", "8B"), ("llama3", "70B"),
+    ("llama3_1", "8B"), ("llama3_1", "70B"),
     ("llama3_3", "70B"),
-    ("qwen2_5", "14B"),
-    ("qwen2_5", "32B"),
-    ("qwen2_5", "72B"),
-    ("qwen3", "8B"),
-    ("qwen3", "14B"),
-    ("qwen3", "32B"),
-    ("gemma2", "9B"),
-    ("gemma2", "27B"),
+    ("qwen2_5", "14B"), ("qwen2_5", "32B"), ("qwen2_5", "72B"),
+    ("qwen3", "8B"), ("qwen3", "14B"), ("qwen3", "32B"),
+    ("gemma2", "9B"), ("gemma2", "27B"),
 ]
 DIST_METHODS = ("full", "lora")
 DIST_RECIPE = {"full": "full_finetune_distributed", "lora": "lora_finetune_distributed"}
@@ -518,7 +258,7 @@ def _size_in_billions(s: Size) -> float:
 
 def _dist_header(s: Size, method: str) -> str:
     what = {"full": "Full fine-tuning", "lora": "LoRA fine-tuning"}[method]
-    ignore = f' --ignore-patterns "{s.extra_ignore}"' if s.extra_ignore else ""
+    ignore = f" --ignore-patterns \"{s.extra_ignore}\"" if s.extra_ignore else ""
     name = f"{s.family}/{s.size}_{method}"
     recipe = DIST_RECIPE[method]
     return (
@@ -542,9 +282,7 @@ def _parallelism(s: Size, method: str) -> str:
     # states): more than 8 x 80 GB holds next to activations, so the shards live in CPU memory
     offload = method == "full" and _size_in_billions(s) >= 70
     if s.family in TP_FAMILIES and method == "full":
-        tp = (
-            "tensor_parallel_dim: 1  # >1 splits every layer over this many GPUs of a node; must divide the GPU count\n"
-        )
+        tp = "tensor_parallel_dim: 1  # >1 splits every layer over this many GPUs of a node; must divide the GPU count\n"
     else:
         tp = "tensor_parallel_dim: 1  # tensor parallelism: full fine-tuning of the llama and qwen families only\n"
     return (
@@ -605,17 +343,9 @@ def render_distributed(s: Size, method: str) -> str:
 # decay 0.05, 1000 steps, max_seq_len 1024), the family's smallest instruct size where it has several.
 
 DPO_SIZES = [
-    ("llama2", "7B", "lora"),
-    ("code_llama2", "7B", "lora"),
-    ("llama3", "8B", "lora"),
-    ("llama3_1", "8B", "lora"),
-    ("llama3_2", "1B", "lora"),
-    ("llama3_3", "70B", "qlora"),
-    ("mistral", "7B", "lora"),
-    ("qwen2_5", "1.5B", "lora"),
-    ("qwen3", "1.7B", "lora"),
-    ("gemma2", "2B", "lora"),
-    ("phi3", "mini", "lora"),
+    ("llama2", "7B", "lora"), ("code_llama2", "7B", "lora"), ("llama3", "8B", "lora"), ("llama3_1", "8B", "lora"),
+    ("llama3_2", "1B", "lora"), ("llama3_3", "70B", "qlora"), ("mistral", "7B", "lora"), ("qwen2_5", "1.5B", "lora"),
+    ("qwen3", "1.7B", "lora"), ("gemma2", "2B", "lora"), ("phi3", "mini", "lora"),
 ]
 DPO_RECIPE = "lora_dpo_single_device"
 
@@ -625,25 +355,16 @@ DPO_RECIPE = "lora_dpo_single_device"
 # llama3_1/8B_full_dpo settings (full: lr 2e-5, beta 0.05, 20 warmup steps), and one of each for the other families
 # that ship multi-GPU configs, at their size nearest 8B (LoRA only at 70B: full DPO keeps a second full copy).
 DPO_DIST_SIZES = [
-    ("llama2", "7B", "lora"),
-    ("llama3", "8B", "lora"),
-    ("llama3", "8B", "full"),
-    ("llama3_1", "8B", "lora"),
-    ("llama3_1", "8B", "full"),
-    ("llama3_3", "70B", "lora"),
-    ("qwen2_5", "7B", "lora"),
-    ("qwen2_5", "7B", "full"),
-    ("qwen3", "8B", "lora"),
-    ("qwen3", "8B", "full"),
-    ("gemma2", "9B", "lora"),
-    ("gemma2", "9B", "full"),
+    ("llama2", "7B", "lora"), ("llama3", "8B", "lora"), ("llama3", "8B", "full"), ("llama3_1", "8B", "lora"),
+    ("llama3_1", "8B", "full"), ("llama3_3", "70B", "lora"), ("qwen2_5", "7B", "lora"), ("qwen2_5", "7B", "full"),
+    ("qwen3", "8B", "lora"), ("qwen3", "8B", "full"), ("gemma2", "9B", "lora"), ("gemma2", "9B", "full"),
 ]
 DPO_DIST_RECIPE = {"lora": "lora_dpo_distributed", "full": "full_dpo_distributed"}
 
 
 def _dpo_header(s: Size, method: str, distributed: bool = False) -> str:
     what = {"lora": "LoRA", "qlora": "QLoRA (NF4 base weights)", "full": "Full"}[method]
-    ignore = f' --ignore-patterns "{s.extra_ignore}"' if s.extra_ignore else ""
+    ignore = f" --ignore-patterns \"{s.extra_ignore}\"" if s.extra_ignore else ""
     name = f"{s.family}/{s.size}_{method}_dpo{'' if distributed else '_single_device'}"
     recipe = DPO_DIST_RECIPE[method] if distributed else DPO_RECIPE
     where = f"on {NUM_GPUS} GPUs (FSDP2)" if distributed else "on one device"
@@ -664,11 +385,7 @@ def _dpo_header(s: Size, method: str, distributed: bool = False) -> str:
 
 def _ref_checkpointer(s: Size) -> str:
     # full DPO's frozen reference (torchtune's key): the starting weights, read again on every (re)start
-    return (
-        _checkpointer(s, "full")
-        .replace("checkpointer:\n", "ref_checkpointer:  # the reference model: always the starting weights\n", 1)
-        .replace("resume_from_checkpoint: False\n", "")
-    )
+    return _checkpointer(s, "full").replace("checkpointer:\n", "ref_checkpointer:  # the reference model: always the starting weights\n", 1).replace("resume_from_checkpoint: False\n", "")
 
 
 def render_dpo(s: Size, method: str, distributed: bool = False) -> str:
@@ -677,19 +394,9 @@ def render_dpo(s: Size, method: str, distributed: bool = False) -> str:
     name = f"{method}_dpo" if distributed else f"{method}_dpo_single_device"
     out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{name}\n\n"
     out += _model(s, method) + "\n"
-    out += (
-        "tokenizer:\n"
-        f"  _component_: tune.models.{s.tokenizer}\n"
-        + (f"  prompt_template: {_HF_FORMATS[s.tokenizer]}  {_HF_FORMAT_NOTE}\n" if s.tokenizer in _HF_FORMATS else "")
-        + f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
-        "  max_seq_len: 1024  # per sequence: each pair is a chosen and a rejected sequence\n\n"
-    )
+    out += _tokenizer(s, "1024  # per sequence: each pair is a chosen and a rejected sequence")
     out += _checkpointer(s, method)
-    out += (
-        _ref_checkpointer(s)
-        if full
-        else "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
-    )
+    out += _ref_checkpointer(s) if full else "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
     out += (
         "save_every_n_steps: null  # null: save at the end of each epoch only\n"
         "keep_last_n_checkpoints: null\n\n"
@@ -795,7 +502,7 @@ KD_DIST_RECIPE = "knowledge_distillation_distributed"
 
 
 def _download_line(s: Size) -> str:
-    ignore = f' --ignore-patterns "{s.extra_ignore}"' if s.extra_ignore else ""
+    ignore = f" --ignore-patterns \"{s.extra_ignore}\"" if s.extra_ignore else ""
     return f"#   tune download {s.repo} --output-dir {_dl_dir(s.repo)}{ignore}\n"
 
 
@@ -803,11 +510,7 @@ def render_kd(folder: str, sizes: str, teacher: Size, student: Size, distributed
     kind = "KD_lora_distributed" if distributed else "KD_lora_single_device"
     name = f"{folder}/{sizes}_{kind}"
     recipe = KD_DIST_RECIPE if distributed else KD_RECIPE
-    files = (
-        f"[{teacher.checkpoint_files}]"
-        if teacher.checkpoint_files
-        else "null  # null: every shard listed in model.safetensors.index.json"
-    )
+    files = f"[{teacher.checkpoint_files}]" if teacher.checkpoint_files else "null  # null: every shard listed in model.safetensors.index.json"
     out = (
         f"# Knowledge distillation {'on several GPUs (FSDP2)' if distributed else 'on one device'}, with {recipe}.py: a LoRA student,\n"
         f"# {student.repo}, learns from a frozen teacher, {teacher.repo}.\n"
@@ -931,13 +634,7 @@ def render_grpo(s: Size, method: str, distributed: bool = False) -> str:
     )
     out += f"output_dir: /tmp/tune/{s.family}_{s.size}/{kind}\n\n"
     out += _model(s, method) + "\n"
-    out += (
-        "tokenizer:\n"
-        f"  _component_: tune.models.{s.tokenizer}\n"
-        + (f"  prompt_template: {_HF_FORMATS[s.tokenizer]}  {_HF_FORMAT_NOTE}\n" if s.tokenizer in _HF_FORMATS else "")
-        + f"  path: {_dl_dir(s.repo)}/{s.tokenizer_path}\n"
-        "  max_seq_len: 1024\n\n"
-    )
+    out += _tokenizer(s, "1024")
     out += _checkpointer(s, method)
     if method != "full":
         out += "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
@@ -995,7 +692,11 @@ def render_grpo(s: Size, method: str, distributed: bool = False) -> str:
             "fsdp_reshard_after_forward: True  # False: keep each layer gathered until backward (faster, more memory)\n"
             "dist_backend: null  # null: nccl on GPU (gloo for CPU-side state), gloo on CPU\n\n"
         )
-    out += "profiler:\n  _component_: tune.training.setup_torch_profiler\n  enabled: False\n"
+    out += (
+        "profiler:\n"
+        "  _component_: tune.training.setup_torch_profiler\n"
+        "  enabled: False\n"
+    )
     return out
 
 
