@@ -14,30 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.recipes.utils import ASSETS, hf_greedy_tokens, run_recipe
+from tests.recipes.utils import ASSETS, hf_greedy_tokens, mc_task_yaml, run_recipe
 
 pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is not installed")
 pytestmark = pytest.mark.integration
 
 CONFIG = ASSETS / "eval_tiny.yaml"
 MAX_GEN_TOKS = 6
-
-_MC_TASK = """\
-task: tiny_arith_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
 
 _GEN_TASK = """\
 task: tiny_arith_gen
@@ -115,7 +98,7 @@ def test_local_tasks_match_transformers(tiny_assets, tmp_path):
     answers = [_greedy_answer(model, tokenizer, q) for q, _, _ in docs[:6]]
     assert any(a.strip() for a in answers), "the reference generated only empty answers"
     gen.write_text("\n".join(json.dumps({"question": q, "answer": a}) for (q, _, _), a in zip(docs, answers)))
-    (tasks / "tiny_arith_mc.yaml").write_text(_MC_TASK.format(data=mc))
+    (tasks / "tiny_arith_mc.yaml").write_text(mc_task_yaml("tiny_arith_mc", mc))
     (tasks / "tiny_arith_gen.yaml").write_text(_GEN_TASK.format(data=gen, max_gen_toks=MAX_GEN_TOKS))
 
     out = tmp_path / "out"

@@ -25,7 +25,7 @@ from tests.recipes import _family_assets as assets
 from tests.recipes import test_grpo_every_family, test_ppo_shipped_configs
 from tests.recipes.dist_utils import run_distributed
 from tests.recipes.test_every_family import family_assets  # noqa: F401 - a fixture
-from tests.recipes.utils import ROOT, read_jsonl, run_recipe
+from tests.recipes.utils import ROOT, mc_task_yaml, read_jsonl, run_recipe
 from tune.config import builtin_configs, recipes_for_config
 from tune.models.llama3 import llama3_tokenizer
 
@@ -205,35 +205,16 @@ def test_shipped_quantization_config_quantizes(family_assets, tmp_path):  # noqa
     assert torch.load(saved, weights_only=False), saved
 
 
-# A local multiple-choice task (lm-eval's task format) on questions written here: the shipped task (truthfulqa_mc2)
-# downloads its data.
-MC_TASK = """\
-task: tiny_sum_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
-
-
 def test_shipped_eleuther_evaluation_config_evaluates(family_assets, tmp_path):  # noqa: F811
     pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is not installed")
     data = family_assets("llama3_2")
     config = _copy_config("eleuther_evaluation", tmp_path)
+    # a local multiple-choice task on questions written here: the shipped task (truthfulqa_mc2) downloads its data
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     rows = [{"question": f"{a} + 3 =", "choices": [str(a + 3), str(a + 4), str(a)], "label": 0} for a in range(8)]
     (tasks / "sums.jsonl").write_text("\n".join(map(json.dumps, rows)))
-    (tasks / "tiny_sum_mc.yaml").write_text(MC_TASK.format(data=tasks / "sums.jsonl"))
+    (tasks / "tiny_sum_mc.yaml").write_text(mc_task_yaml("tiny_sum_mc", tasks / "sums.jsonl"))
     out = tmp_path / "out"
     overrides = [*_llama3_2_overrides(data, out), _tokenizer_path(), f"include_path={tasks}", "tasks=[tiny_sum_mc]"]
     run_recipe(OTHER_CASES["eleuther_evaluation"], config, overrides, cwd=tmp_path, timeout=300)

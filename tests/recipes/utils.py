@@ -262,3 +262,24 @@ def reference_run(
         optimizer.zero_grad()
         losses.append(loss.item())
     return losses, grad_norms, model
+
+
+def mc_task_yaml(name: str, data: Path) -> str:
+    """An lm-eval multiple-choice task on a local JSON-lines file of ``{question, choices, label}`` rows (scored by
+    log-likelihood, accuracy), for recipes/eleuther_eval.py without downloads."""
+    return f"""\
+task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
