@@ -616,6 +616,27 @@ def model_overrides(family: str, method: str) -> list[str]:
     return overrides
 
 
+def tiny_run_overrides(family: str, method: str, data: Path, out: Path, steps: int) -> list[str]:
+    """Command-line changes that run a shipped config of ``family`` at tiny scale on the CPU: the tiny model
+    (:func:`model_overrides`), tokenizer and checkpoint, the alpaca rows of ``data``, fp32, ``steps`` steps of 2
+    samples, outputs in ``out``."""
+    return [
+        f"output_dir={out}",
+        "device=cpu",
+        "dtype=fp32",
+        *model_overrides(family, method),
+        f"tokenizer.path={tokenizer_file(FAMILIES[family].tokenizer)}",
+        f"tokenizer.max_seq_len={MAX_SEQ_LEN}",
+        f"checkpointer.checkpoint_dir={data / 'hf'}",
+        "dataset._component_=tune.datasets.alpaca_dataset",
+        "dataset.source=json",
+        f"dataset.data_files={data / 'train.json'}",
+        "dataset.split=train",
+        "batch_size=2",
+        f"max_steps_per_epoch={steps}",
+    ]
+
+
 def hf_lora_targets(lora_node: dict) -> list[str]:
     """The ``transformers`` module names a config's LoRA settings adapt."""
     targets = [HF_ATTN_NAMES[name] for name in lora_node["lora_attn_modules"]]

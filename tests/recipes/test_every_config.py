@@ -115,23 +115,11 @@ def _copy_config(name: str, destination: Path) -> Path:
 
 
 def _tiny_overrides(name: str, data: Path, out: Path) -> list[str]:
-    """What test_every_family.py changes on the command line, for a run of ``NUM_STEPS`` steps in one epoch."""
+    """The tiny-run changes (as test_every_family.py), for ``NUM_STEPS`` steps in one epoch."""
     family = _family(name)
     return [
-        f"output_dir={out}",
-        "device=cpu",
-        "dtype=fp32",
-        *assets.model_overrides(family, _method(name)),
-        f"tokenizer.path={assets.tokenizer_file(assets.FAMILIES[family].tokenizer)}",
-        f"tokenizer.max_seq_len={assets.MAX_SEQ_LEN}",
-        f"checkpointer.checkpoint_dir={data / 'hf'}",
-        "dataset._component_=tune.datasets.alpaca_dataset",
-        "dataset.source=json",
-        f"dataset.data_files={data / 'train.json'}",
-        "dataset.split=train",
-        "batch_size=2",
+        *assets.tiny_run_overrides(family, _method(name), data, out, NUM_STEPS),
         "epochs=1",
-        f"max_steps_per_epoch={NUM_STEPS}",
         *CPU_OVERRIDES.get(name, []),
     ]
 

@@ -80,21 +80,8 @@ def _copy_config(relative: str, destination: Path) -> Path:
 
 
 def _overrides(family: str, method: str, data: Path, out: Path, adapter: Path | None) -> list[str]:
-    tokenizer = assets.tokenizer_file(assets.FAMILIES[family].tokenizer)
     overrides = [
-        f"output_dir={out}",
-        "device=cpu",
-        "dtype=fp32",
-        *assets.model_overrides(family, method),
-        f"tokenizer.path={tokenizer}",
-        f"tokenizer.max_seq_len={assets.MAX_SEQ_LEN}",
-        f"checkpointer.checkpoint_dir={data / 'hf'}",
-        "dataset._component_=tune.datasets.alpaca_dataset",
-        "dataset.source=json",
-        f"dataset.data_files={data / 'train.json'}",
-        "dataset.split=train",
-        "batch_size=2",
-        f"max_steps_per_epoch={NUM_STEPS}",
+        *assets.tiny_run_overrides(family, method, data, out, NUM_STEPS),
         "save_every_n_steps=1",
         *CPU_OVERRIDES,
     ]
