@@ -23,7 +23,8 @@ position (6N for full fine-tuning, 4N for LoRA/QLoRA with N the parameters outsi
 attention's 12 x layers x dim x sequence, torchtitan's convention) x tokens/s over the chip's dense bf16 peak
 (``--peak-tflops``, 989 for the H100/H200 SXM by NVIDIA's datasheet); the measured bf16 matmul rate is printed too.
 
-Writes ``OUT/table.md`` and ``OUT/results.json``, and prints the table.
+Writes ``OUT/table.md`` and ``OUT/results.json``, and prints the table. Exit status: 1 when a check failed, 2 when
+the budget left runs out, else 0.
 """
 
 import argparse
@@ -339,6 +340,12 @@ def run_system(system: str, recipe: str, cfg, run_dir: Path, args, timeout: floa
     return result
 
 
+def _no_result(result: dict) -> str:
+    """The table's word for a run without a measurement: skipped for the time budget, or FAILED with its status."""
+    status = str(result["status"])
+    return status if status.startswith("not run") else f"FAILED ({status})"
+
+
 def throughput(result: dict, batch_size: int, warmup: int) -> float | None:
     steps = [s for s in result["steps"] if s["step"] >= warmup]
     if len(steps) < 2:
@@ -429,7 +436,7 @@ def section_speed(args, budget: Budget, work: Path, assets: dict, rows: list, re
         results.setdefault("speed", []).append(result)
         label = f"{size} {mode}, batch 2 x {SEQ} packed, compile"
         if tps is None:
-            rows.append(("speed", label, result["system"], f"FAILED ({result['status']})", "", "", ""))
+            rows.append(("speed", label, result["system"], _no_result(result), "", "", ""))
             continue
         peak = result["steps"][-1].get("peak_alloc_gib")
         mfu = model_flops_per_token(shape, mode) * tps / (args.peak_tflops * 1e12)
@@ -490,7 +497,7 @@ def section_rl(args, budget: Budget, work: Path, assets: dict, rows: list, resul
                         "rl",
                         label,
                         "tune",
-                        f"FAILED ({result['status']})",
+                        _no_result(result),
                         "",
                         "",
                         "torchtune 0.6.1 has no single-device GRPO",
@@ -520,7 +527,7 @@ def section_rl(args, budget: Budget, work: Path, assets: dict, rows: list, resul
         steps_after = [s for s in result["steps"] if s["step"] >= args.warmup]
         label = f"{'tiny' if args.dry else '1B'} LoRA DPO, 4 pairs/step, seq <= 1024"
         if len(steps_after) < 2:
-            rows.append(("rl", label, result["system"], f"FAILED ({result['status']})", "", "", ""))
+            rows.append(("rl", label, result["system"], _no_result(result), "", "", ""))
             continue
         pairs = 4 * (len(steps_after) - 1) / (steps_after[-1]["time"] - steps_after[0]["time"])
         result["pairs_per_s"] = pairs
@@ -687,7 +694,8 @@ def main() -> None:
         save()
     print(table(results["environment"], rows))
     failed = any("FAIL" in str(row[3]) or "FAIL" in str(row[4]) for row in rows)
-    sys.exit(1 if failed else 0)
+    incomplete = any(str(row[3]).startswith("not run") for row in rows)
+    sys.exit(1 if failed else 2 if incomplete else 0)  # 2: the budget left runs out (the table lists them)
 
 
 if __name__ == "__main__":

@@ -33,3 +33,11 @@ def test_gpu_check_dry_run_measures_every_recipe(tmp_path):
     table = (tmp_path / "out" / "table.md").read_text()
     for row in ("tiny lora, batch 2 x 2048 packed, compile", "tiny LoRA DPO", "tiny full GRPO", "pytest -m gpu"):
         assert row in table, row
+
+
+def test_runs_the_budget_leaves_out_are_listed_and_the_exit_status_says_so(tmp_path):
+    command = [sys.executable, "benchmarks/gpu_check.py", "--dry", "--out", str(tmp_path / "out")]
+    command += ["--sections", "speed", "--modes", "lora", "--budget-s", "1"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "| tune | not run: time budget |" in (tmp_path / "out" / "table.md").read_text()

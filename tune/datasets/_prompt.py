@@ -74,7 +74,8 @@ class PromptDataset(Dataset):
 
     def _within(self, max_seq_len: int):
         """The rows whose prompt fits ``max_seq_len`` tokens; warns about the others (an error when none fits)."""
-        lengths = [len(self._tokens(i)) for i in range(len(self._rows))]
+        prompts = self._rows[self._prompt_column]  # one column read, not a row at a time
+        lengths = [len(self._tokens(self._messages(i, prompt))) for i, prompt in enumerate(prompts)]
         kept = [i for i, n in enumerate(lengths) if n <= max_seq_len]
         if len(kept) == len(lengths):
             return self._rows
@@ -112,8 +113,7 @@ class PromptDataset(Dataset):
             ]
         return messages
 
-    def _tokens(self, index: int) -> list[int]:
-        messages = self._messages(index, self._rows[index][self._prompt_column])
+    def _tokens(self, messages: list[Message]) -> list[int]:
         # an empty assistant turn opens the answer: the chat format's header for it, no end-of-turn token
         tokens, _ = self._tokenizer.tokenize_messages(
             messages + [Message(role="assistant", content="")], add_end_tokens=False
@@ -123,9 +123,8 @@ class PromptDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self._rows[index]
         messages = self._messages(index, row[self._prompt_column])
-        tokens = self._tokens(index)
         sample = {key: value for key, value in row.items() if key != self._prompt_column}
-        sample.update(tokens=list(tokens), prompt="\n".join(m.text_content for m in messages))
+        sample.update(tokens=self._tokens(messages), prompt="\n".join(m.text_content for m in messages))
         return sample
 
 
