@@ -468,22 +468,42 @@ def grpo_config(args, assets: dict, out: Path, steps: int):
     return apply(cfg, changes)
 
 
+def sampling_row(args, budget: Budget, work: Path, rows: list, results: dict) -> None:
+    """What GRPO's and PPO's rollouts spend their steps in: ``bench_generate.py``, 32 rows x 128 new tokens."""
+    size, new_tokens = ("tiny", 16) if args.dry else ("1B", 128)
+    label = f"{size} sampling, 32 rows x {new_tokens} new tokens, KV cache, eager"
+    if budget.left() < 60 + args.reserve_s:
+        rows.append(("rl", label, "tune", "not run: time budget", "", "", ""))
+        return
+    out = work / "sampling.json"
+    command = [args.python, str(BENCH / "bench_generate.py"), "--device", args.device, "--json", str(out)]
+    command += ["--new-tokens", str(new_tokens)] + (["--tiny"] if args.dry else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=min(120, budget.left()), env=env, cwd=ROOT)
+    if proc.returncode != 0 or not out.exists():
+        rows.append(("rl", label, "tune", f"failed (status {proc.returncode})", "", "", ""))
+        print(proc.stdout[-2000:] + proc.stderr[-2000:], file=sys.stderr, flush=True)
+        return
+    measured = json.loads(out.read_text())
+    results["sampling"] = measured
+    rate = measured["rows"][0]["tokens_per_s"]
+    rows.append(("rl", label, "tune", f"{rate:,.0f} new tokens/s", "", "", "torchtune 0.6.1: not measured"))
+
+
 def section_rl(args, budget: Budget, work: Path, assets: dict, rows: list, results: dict) -> None:
     steps = 4 if args.dry else args.steps
     systems = ["torchtune", "tune"] if args.torchtune_wheel else ["tune"]
-    runs = [
-        ("1B dpo", system, "lora_dpo_single_device", functools.partial(dpo_config, system, args, assets, steps=steps))
-        for system in systems
-    ]
-    grpo_steps = 3 if not args.dry else 2
-    runs.append(
-        (
-            "1B grpo",
-            "tune",
-            "grpo_full_finetune_single_device",
-            functools.partial(grpo_config, args, assets, steps=grpo_steps),
-        )
-    )
+    runs = []
+    if "dpo" in args.rl_runs:
+        for system in systems:
+            dpo = functools.partial(dpo_config, system, args, assets, steps=steps)
+            runs.append(("1B dpo", system, "lora_dpo_single_device", dpo))
+    if "grpo" in args.rl_runs:
+        grpo_steps = 3 if not args.dry else 2
+        grpo = functools.partial(grpo_config, args, assets, steps=grpo_steps)
+        runs.append(("1B grpo", "tune", "grpo_full_finetune_single_device", grpo))
+    if "sampling" in args.rl_runs:
+        sampling_row(args, budget, work, rows, results)
     for result in run_pairs(args, budget, runs, work):
         results.setdefault("rl", []).append(result)
         if result["label"] == "1B grpo":
@@ -635,6 +655,9 @@ def main() -> None:
     parser.add_argument("--sections", default="correctness,speed,rl")
     parser.add_argument("--work", type=Path, default=None, help="checkpoints and runs (default OUT/work)")
     parser.add_argument("--modes", default=",".join(MODES), type=lambda s: s.split(","))
+    parser.add_argument(
+        "--rl-runs", default="sampling,dpo,grpo", type=lambda s: s.split(","), help="of sampling, dpo, grpo"
+    )
     parser.add_argument("--tier-k", default=None, help="pytest -k expression selecting part of the gpu tier")
     parser.add_argument(
         "--torchtune-modes",

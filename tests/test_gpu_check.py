@@ -30,8 +30,10 @@ def test_gpu_check_dry_run_measures_every_recipe(tmp_path):
         assert run["tokens_per_s"] > 0, label
     rl = {r["label"]: r for r in results["rl"]}
     assert rl["1B dpo"]["pairs_per_s"] > 0 and rl["1B grpo"]["completions_per_s"] > 0
+    sampling = results["sampling"]  # benchmarks/bench_generate.py: 32 rows, each 16 new tokens (none stop early)
+    assert sampling["batch"] == 32 and sampling["rows"][0]["new_tokens"] == 32 * 16
     table = (tmp_path / "out" / "table.md").read_text()
-    for row in ("tiny lora, batch 2 x 2048 packed, compile", "tiny LoRA DPO", "tiny full GRPO", "pytest -m gpu"):
+    for row in ("tiny lora, batch 2 x 2048 packed, compile", "tiny LoRA DPO", "tiny full GRPO", "tiny sampling", "pytest -m gpu"):
         assert row in table, row
 
 

@@ -11,15 +11,22 @@ their high-precision runs. They need about 2 GiB of GPU memory and a minute or t
 """
 
 import contextlib
+import copy
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.gpu._checks import DEVICE, check_close, check_losses, compare, skip_on_cpu
+from tests.gpu._checks import DEVICE, ON_CPU, check_close, check_losses, compare, record, skip_on_cpu
 from tests.recipes.dist_utils import run_distributed
-from tests.recipes.utils import ASSETS, build_tiny_assets, loss_records, losses_by_step, run_recipe
+from tests.recipes.utils import (
+    ASSETS,
+    build_tiny_assets,
+    loss_records,
+    losses_by_step,
+    run_recipe,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
@@ -60,8 +67,8 @@ def test_bf16_training_tracks_fp32(assets, tmp_path):
 # update between runs. What SGD showed on an H100 (torch 2.11): inductor's losses left eager's at step 2 by 1.7e-2
 # because torch 2.11's dynamo dropped the weight gradient of RMSNorm's autograd Function (fixed: compiled code
 # runs the composed ops; gradients then agree within 7e-7 relative). On an H200 the same happened to compiled LoRA
-# (2.4e-2, fixed the same way). fp32 LoRA on CUDA vs the CPU parts by 6e-4 at step 2, with or without an NF4 base
-# (step 1 equal), while each device's paths agree among themselves: not explained yet (test_lora_on_cuda_matches_cpu)
+# (2.4e-2, fixed the same way). fp32 LoRA on CUDA vs the CPU parted by 6e-4 at step 2 (step 1 equal) until both
+# runs started from one saved adapter: fresh adapters come from each device's generator (test_fp32_on_cuda_matches_cpu)
 SGD = "optimizer._component_=torch.optim.SGD"
 
 
@@ -171,23 +178,134 @@ def test_float8_training_stays_close_to_bf16(assets, tmp_path):
     assert float8 != bf16
 
 
-@pytest.mark.parametrize("quantize", [True, False], ids=["qlora", "lora"])
-def test_lora_on_cuda_matches_cpu(assets, tmp_path, quantize):
-    """fp32 LoRA with and without an NF4 base, CUDA against the CPU: the plain LoRA run tells whether a difference
-    comes from NF4 or from the paths the two devices take (padding-free batches and the fused LoRA on the CPU)."""
+@pytest.mark.parametrize("kind", ["qlora", "lora", "full"])
+def test_fp32_on_cuda_matches_cpu(assets, tmp_path, kind):
+    """fp32 LoRA with and without an NF4 base, and full fine-tuning, CUDA against the CPU: the plain LoRA run tells
+    whether a difference comes from NF4, the full run whether it comes from LoRA at all, or from the paths the two
+    devices take (padding-free rows: flex attention on CUDA, split attention on the CPU)."""
     skip_on_cpu("compares CUDA with the CPU")
-    extra = [SGD, f"model.quantize_base={quantize}"]
-    _run(assets, tmp_path / "cuda", *extra, recipe=LORA, config=LORA_CONFIG)
+    recipe, config = (FULL, FULL_CONFIG) if kind == "full" else (LORA, LORA_CONFIG)
+    # a clip far above the tiny model's gradient norm: never applied, but the norm is logged
+    extra = [SGD, "clip_grad_norm=1000"]
+    if kind != "full":
+        # Both runs start from one saved adapter. Fresh adapters would differ: the recipe builds the model on its
+        # device, and lora_a's Kaiming draw comes from that device's generator (as in torchtune, whose seeds
+        # therefore give tune's adapters on either device); a CUDA run and a CPU run with one seed start from
+        # different A matrices, which an H200 run showed as grad norms 7% apart at step 1.
+        adapter = _random_adapter(tmp_path / "adapter")
+        extra += [f"model.quantize_base={kind == 'qlora'}", f"checkpointer.adapter_checkpoint={adapter}"]
+    _run(assets, tmp_path / "cuda", *extra, recipe=recipe, config=config)
     overrides = [f"assets_dir={assets}", f"output_dir={tmp_path / 'cpu'}", "log_every_n_steps=1", *extra]
-    run_recipe(LORA, LORA_CONFIG, overrides, cwd=tmp_path, timeout=300)
+    run_recipe(recipe, config, overrides, cwd=tmp_path, timeout=300)
     on_cuda, on_cpu = losses_by_step(tmp_path / "cuda"), losses_by_step(tmp_path / "cpu")
     assert sorted(on_cuda) == [1, 2, 3]
     # NF4 quantisation is deterministic (nearest of 16 levels per value, absmax scales): both devices hold the
     # same base weights, and the fp32 computation around them differs by float32 rounding
-    assert on_cuda[3] != on_cuda[1]  # SGD at the LoRA config's lr still trains
-    # tests/gpu/test_gpu_kernels.py::test_nf4_on_device_matches_cpu checks the NF4 layer alone
-    name = "qlora fp32: nf4" if quantize else "lora fp32:"
+    assert on_cuda[3] != on_cuda[1]  # SGD at the config's lr still trains
+    # tests/gpu/test_gpu_kernels.py::test_nf4_on_device_matches_cpu checks the NF4 layer alone,
+    # test_lora_gradients_on_device_match_cpu below each adapter's gradient
+    name = {"qlora": "qlora fp32: nf4", "lora": "lora fp32:", "full": "full fp32:"}[kind]
     # recorded, not asserted: which step's gradient parts first (the losses of step N show step N-1's update)
     norms = [{r["step"]: r["grad_norm"] for r in loss_records(tmp_path / d)} for d in ("cuda", "cpu")]
     compare(f"{name} on cuda vs cpu, grad norms", _values(norms[0]), _values(norms[1]), abs=1e-5)
     check_close(f"{name} on cuda vs cpu, losses", _values(on_cuda), _values(on_cpu), abs=1e-4)
+
+
+def _random_adapter(directory: Path) -> Path:
+    """lora_tiny.yaml's adapters with random A and B (seeded), in tune's keys: what a recipe saves, without PEFT
+    (whose torchao check refuses the torchao the GPU machine gets for torchtune 0.6.1)."""
+    from safetensors.torch import save_file
+
+    from tune.models.llama2 import lora_llama2
+
+    torch.manual_seed(3)
+    model = lora_llama2(
+        ["q_proj", "v_proj", "output_proj"], apply_lora_to_mlp=True, lora_rank=8, lora_alpha=16,
+        vocab_size=320, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=128, intermediate_dim=256,
+        max_seq_len=512,
+    )  # fmt: skip
+    adapter = {name: torch.randn_like(p) * 0.05 for name, p in model.named_parameters() if "lora_" in name}
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(adapter, directory / "adapter_model.safetensors")
+    return directory
+
+
+def _lora_gradients(model, loss_fn, batch: dict, device: str) -> dict[str, torch.Tensor]:
+    from tune.modules.loss import shift_labels
+
+    model.zero_grad(set_to_none=True)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    outputs = model(batch["tokens"], mask=batch.get("mask"), input_pos=batch.get("input_pos"))
+    loss_fn(outputs, shift_labels(batch["labels"])).backward()
+    return {name: p.grad.detach().cpu() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("collate", ["padding_free", "padded"])
+def test_lora_gradients_on_device_match_cpu(collate):
+    """One fp32 LoRA backward of the tiny recipe model, every trainable parameter's gradient on the device against
+    the CPU, with the adapters already trained (B nonzero: the state of step 2, where the recipe runs part).
+
+    The device runs each of its own paths (flex or dense attention for the padding-free row, the fused or the
+    written LoRA), so a difference is pinned to a path and a parameter."""
+    from tune.data import padded_collate_sft, padding_free_collate
+    from tune.models.llama2 import lora_llama2
+    from tune.modules.loss import LinearCrossEntropyLoss
+    from tune.modules.peft import LoRALinear, set_trainable_params
+
+    record(
+        f"float32 matmul precision on {DEVICE}: {torch.get_float32_matmul_precision()}, "
+        f"cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}",
+        0.0,
+        0.0,
+        "highest, False",
+        torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32,
+    )
+    torch.manual_seed(0)
+    model = lora_llama2(
+        ["q_proj", "v_proj", "output_proj"], apply_lora_to_mlp=True, lora_rank=8, lora_alpha=16,
+        vocab_size=320, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=128, intermediate_dim=256,
+        max_seq_len=512,
+    )  # fmt: skip
+    set_trainable_params(model, {n for n, p in model.named_parameters() if "lora_" in n})
+    with torch.no_grad():  # adapters a step or more into training
+        for name, p in model.named_parameters():
+            if "lora_b" in name:
+                p.normal_(0.0, 0.02)
+    lengths, prompt = [37, 60, 25, 80], 9
+    samples = []
+    for length in lengths:
+        tokens = torch.randint(3, 320, (length,))
+        labels = tokens.clone()
+        labels[:prompt] = -100
+        samples.append({"tokens": tokens.tolist(), "labels": labels.tolist()})
+    batch = padding_free_collate(samples) if collate == "padding_free" else padded_collate_sft(samples)
+    loss_fn = LinearCrossEntropyLoss(num_output_chunks=4)
+    loss_fn.set_model_output(model)
+    reference = _lora_gradients(model, loss_fn, batch, "cpu")
+    assert reference and all("lora_" in name for name in reference)
+
+    on_device = copy.deepcopy(model).to(DEVICE)
+    device_loss = LinearCrossEntropyLoss(num_output_chunks=4)
+    device_loss.set_model_output(on_device)
+    lora_layers = [m for m in on_device.modules() if isinstance(m, LoRALinear)]
+    variants = {"default": {}}
+    if collate == "padding_free" and not ON_CPU:
+        variants["dense sdpa"] = {"flex": False}
+    variants["written lora"] = {"fast": False}
+    variants["all tokens projected"] = {"mask": False}
+    failures = []
+    for variant, change in variants.items():
+        on_device.use_flex_attention = change.get("flex", True)
+        for layer in lora_layers:
+            layer.use_fast_path = change.get("fast", True)
+        device_loss.mask_ignored_tokens = change.get("mask")
+        grads = _lora_gradients(on_device, device_loss, batch, DEVICE)
+        for name, expected in reference.items():
+            # a gradient here sums a few hundred float32 products per entry: rounding stays near 1e-6 of the
+            # parameter's largest gradient entry
+            scale = expected.abs().max().item()
+            tolerance = dict(rel=1e-5, abs=1e-5 * scale, tolerance=f"rel=1e-5, abs=1e-5 * max|reference| ({scale:.3g})")
+            compared = f"lora fp32 {collate}, {variant} on {DEVICE} vs cpu: grad {name}"
+            failures.append(compare(compared, grads[name], expected, **tolerance))
+    failures = [f for f in failures if f]
+    assert not failures, "\n".join(failures[:12]) + f"\n({len(failures)} in all)"

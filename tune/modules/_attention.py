@@ -7,13 +7,21 @@ False`` on a layer turns it off); on a GPU, the decoder passes the mask as a fle
 (``_flex_attention``).
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tune.modules._flex_attention import BlockMask, flex_attend
 from tune.modules._kv_cache import KVCache
 from tune.modules._packed_attention import MaskSpans, attend_documents, is_candidate_mask
+
+# Decoding with a KV cache on a GPU: every step attends one more cached key, so every call has a new shape, and
+# cuDNN's attention plans its kernel per shape on the host (about 2.5 ms a call on an H200, several times the
+# GPU's work for a 1B model's decode step). The other backends have no such cost.
+_DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class MultiHeadAttention(nn.Module):
@@ -225,7 +233,8 @@ class MultiHeadAttention(nn.Module):
         if self.softcapping is not None:
             return self._softcapped_attention(q, k, v, attn_mask, dropout)
         is_causal = attn_mask is None and self.is_causal and q.shape[2] == k.shape[2]
-        return F.scaled_dot_product_attention(
+        attend = functools.partial(
+            F.scaled_dot_product_attention,
             q,
             k,
             v,
@@ -235,6 +244,10 @@ class MultiHeadAttention(nn.Module):
             scale=self.scale,
             enable_gqa=enable_gqa,
         )
+        if q.is_cuda and self.kv_cache is not None and self.cache_enabled:
+            with sdpa_kernel(_DECODE_BACKENDS):
+                return attend()
+        return attend()
 
     def _build_mask(
         self,
