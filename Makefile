@@ -20,10 +20,10 @@ $(VENV)/.installed: pyproject.toml .ci/constraints.txt
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(2, min(4, len(os.sched_getaffinity(0)))))")
 
 test: setup
-	$(BIN)/python -m pytest -m "not slow" -n $(WORKERS) --timeout 600 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n $(WORKERS) --dist worksteal --timeout 600 $(PYTEST_ARGS)
 
 test-all: setup
-	$(BIN)/python -m pytest -n $(WORKERS) --timeout 1800 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal --timeout 1800 $(PYTEST_ARGS)
 
 # formatting, lint rules and the import contracts (all configured in pyproject.toml); changes no file
 lint: setup

@@ -91,6 +91,7 @@ def test_tensor_parallel_two_ranks_match_one_rank(tiny_assets, tmp_path):
     assert_close_after_adamw(tp_weights, one_weights, lr=1e-3, steps=STEPS)
 
 
+@pytest.mark.slow  # the suite's time budget: resuming across two ranks runs in the default tier for LoRA
 def test_finetuning_schedule_converters_and_resume_across_two_ranks(tiny_assets, tmp_path):
     out, record = tmp_path / "run", tmp_path / "converter.jsonl"
     # phase 0 trains the last layer, final norm and output; layer 0 and the embeddings join after step 2

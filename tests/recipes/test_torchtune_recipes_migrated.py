@@ -104,13 +104,15 @@ _KD_STEP_2_TOLERANCE = 1e-3
 # tolerance of step 2)
 _POST_TRAINING = [
     ("lora_dpo_single_device", "llama3_1/8B_lora_dpo_single_device", _dpo_overrides, 1e-5),
-    (
+    pytest.param(  # the suite's time budget: KD's copy in the slow tier, DPO's in the default one
         "knowledge_distillation_single_device",
         "llama3_2/8B_to_1B_KD_lora_single_device",
         _kd_overrides,
         _KD_STEP_2_TOLERANCE,
+        marks=pytest.mark.slow,
     ),
 ]
+_POST_TRAINING_IDS = ["lora_dpo_single_device", "knowledge_distillation_single_device"]
 
 
 def _run(
@@ -163,7 +165,7 @@ def test_migrated_distributed_recipe_trains_as_tunes_own(torchtune_wheel, run_as
     _compare(torchtune_wheel, run_assets, tmp_path, recipe, config, distributed=True)
 
 
-@pytest.mark.parametrize("recipe,config,extra,step_2_abs", _POST_TRAINING, ids=[r[0] for r in _POST_TRAINING])
+@pytest.mark.parametrize("recipe,config,extra,step_2_abs", _POST_TRAINING, ids=_POST_TRAINING_IDS)
 def test_migrated_post_training_recipe_trains_as_tunes_own(
     torchtune_wheel,  # noqa: F811
     run_assets,  # noqa: F811

@@ -11,6 +11,7 @@ is read with ``ast``; a recipe is never imported to list it.
 """
 
 import ast
+import copy
 import difflib
 import fnmatch
 import warnings
@@ -21,6 +22,7 @@ from typing import Any
 
 from tune import plugins
 from tune.config._errors import ConfigError, RecipeError
+from tune.config._files import file_version
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 _INFO_NAME = "RECIPE_INFO"
@@ -95,6 +97,18 @@ def read_recipe_info(path: str | Path) -> dict[str, Any] | None:
             keys and types.
     """
     path = Path(path)
+    key = file_version(path)
+    if key not in _INFO_CACHE:
+        _INFO_CACHE[key] = _read_recipe_info(path)
+    return copy.deepcopy(_INFO_CACHE[key])
+
+
+# parsing every recipe file is most of the time `tune run`, `tune ls` and `tune validate` spend before they start:
+# each file's RECIPE_INFO is read once per version of the file
+_INFO_CACHE: dict[tuple, dict[str, Any] | None] = {}
+
+
+def _read_recipe_info(path: Path) -> dict[str, Any] | None:
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except SyntaxError as err:

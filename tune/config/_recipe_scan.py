@@ -15,11 +15,14 @@ follows assignments, calls of functions defined in the same file, and ``for`` lo
 """
 
 import ast
+import copy
 import inspect
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tune.config._files import file_version
 
 # a path below the config root; "*" stands for every item of a list
 KeyPath = tuple[str, ...]
@@ -97,6 +100,16 @@ def scan_recipe(path: str | Path) -> RecipeScan:
         SyntaxError: when the file does not parse.
     """
     path = Path(path)
+    key = file_version(path)
+    if key not in _SCAN_CACHE:
+        _SCAN_CACHE[key] = _scan(path)
+    return copy.deepcopy(_SCAN_CACHE[key])
+
+
+_SCAN_CACHE: dict[tuple, "RecipeScan"] = {}  # one scan per version of a recipe file (tune.config._files)
+
+
+def _scan(path: Path) -> RecipeScan:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     scanner = _Scanner(tree)
     scanner.trace_aliases()

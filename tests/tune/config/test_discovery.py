@@ -56,6 +56,22 @@ def test_read_recipe_info_never_imports_the_recipe(tmp_path):
     assert read_recipe_info(tmp_path / "none.py") is None
 
 
+def test_a_recipe_file_is_read_again_once_it_changes(tmp_path):
+    """Recipe files are parsed once per version (tune run / validate read them many times): an edit, even within
+    the same second and to a text of the same length, is seen; a caller changing the result changes no cache."""
+    from tune.config._recipe_scan import scan_recipe
+
+    path = tmp_path / "r.py"
+    path.write_text("RECIPE_INFO = {'configs': ['a/*']}\ndef f(cfg):\n    return cfg.alpha\n")
+    info, scan = read_recipe_info(path), scan_recipe(path)
+    assert info == {"configs": ["a/*"]} and set(scan.mentioned) == {"alpha"}
+    info["configs"].append("b/*")
+    scan.mentioned.add("gamma")
+    assert read_recipe_info(path) == {"configs": ["a/*"]} and set(scan_recipe(path).mentioned) == {"alpha"}
+    path.write_text("RECIPE_INFO = {'configs': ['b/*']}\ndef f(cfg):\n    return cfg.omega\n")
+    assert read_recipe_info(path) == {"configs": ["b/*"]} and set(scan_recipe(path).mentioned) == {"omega"}
+
+
 @pytest.mark.parametrize(
     "source, match",
     [
