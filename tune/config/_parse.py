@@ -89,11 +89,19 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
             # fail says why, also when that rank alone failed (a file missing on one node)
             # `tune run` with torchrun flags prints the first failed rank's error itself (it sets this variable)
             if os.environ.get("RANK", "0") == "0" and os.environ.get("TUNE_LAUNCHER_REPORTS_ERRORS") != "1":
+                _end_progress_bars()
                 print(f"{prog}: error: {err}", file=sys.stderr)
             _record_for_torchrun(err)
             raise SystemExit(1) from None
 
     return main
+
+
+def _end_progress_bars() -> None:
+    """Closes the recipe's open progress bars, so that an error raised mid-epoch starts a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 def _record_for_torchrun(err: TuneError) -> None:

@@ -437,13 +437,16 @@ def _type_hints(obj: Any) -> dict[str, Any]:
 
     target = obj.__init__ if isinstance(obj, type) else obj
     try:
-        return typing.get_type_hints(target)
+        found = inspect.signature(obj).parameters.items()
+    except (TypeError, ValueError):
+        found = ()
+    # the signature's own annotations, where it has them: a builder made by a decorator (the LoRA builders) or
+    # wrapped with functools.wraps shows its parameters through __signature__ / __wrapped__ only
+    plain = {n: p.annotation for n, p in found if p.annotation is not p.empty and not isinstance(p.annotation, str)}
+    try:
+        return {**plain, **typing.get_type_hints(target)}
     except Exception:  # noqa: BLE001 - a forward reference that does not resolve: the plain annotations
-        try:
-            found = inspect.signature(obj).parameters.items()
-        except (TypeError, ValueError):
-            return {}
-        return {n: p.annotation for n, p in found if not isinstance(p.annotation, str)}
+        return plain
 
 
 def _fits(value: Any, hint: Any) -> bool:

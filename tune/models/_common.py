@@ -180,6 +180,12 @@ def _named(
     builder.__module__ = module
     builder.__doc__ = doc
     builder.__signature__ = signature
+    # what typing.get_type_hints reads (the config checks among its callers)
+    builder.__annotations__ = {
+        p.name: p.annotation for p in signature.parameters.values() if p.annotation is not p.empty
+    }
+    if signature.return_annotation is not signature.empty:
+        builder.__annotations__["return"] = signature.return_annotation
     return builder
 
 

@@ -51,6 +51,18 @@ def test_run_refuses_the_bad_value_before_the_recipe_starts(tune, tmp_path, over
     assert not (tmp_path / "out").exists()  # the recipe never started: nothing written
 
 
+def test_a_lora_builders_arguments_are_checked_too(tune, tmp_path):
+    """The LoRA builders are made by a decorator (tune.models._common.lora_builder): their parameters, lora_rank
+    among them, exist in the signature it writes, which the checks read."""
+    config, recipe = REPO / "tests" / "recipes" / "assets" / "lora_tiny.yaml", "lora_finetune_single_device"
+    expected = "model.lora_rank = 'eight': must be an integer (argument 'lora_rank' of tune.models.llama2.lora_llama2)"
+    code, out, err = tune("validate", str(config), "--recipe", recipe, *_overrides(tmp_path), "model.lora_rank=eight")
+    assert code == 1 and f"1 problem for recipe {recipe}:\n  - {expected}" in out, out + err
+    code, out, err = tune("run", recipe, "--config", str(config), *_overrides(tmp_path), "model.lora_rank=eight")
+    assert code == 1 and err.strip() == f"tune: error: {config}: {expected}; got a string", err
+    assert not (tmp_path / "out").exists()
+
+
 def test_all_problems_are_reported_at_once(tune, tmp_path):
     bad = [o for o, _ in BAD_VALUES if not o.startswith("optimizer.lr=-")]
     code, _, err = tune("run", FULL, "--config", str(CONFIG), *_overrides(tmp_path), *bad)

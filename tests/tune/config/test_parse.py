@@ -14,6 +14,11 @@ received = []
 @parse
 def recipe_main(cfg):
     received.append(cfg)
+    if cfg.get("progress_bar"):  # as a recipe's training loop: the bar is open when the error comes
+        from tqdm import tqdm
+
+        bar = tqdm(total=3, disable=False)
+        bar.update(1)
     if cfg.get("fail"):
         raise ConfigError("model.x: a config problem raised inside the recipe")
     return "done"
@@ -55,6 +60,17 @@ def test_user_errors_print_one_line_and_exit_1(config_file, capsys, monkeypatch)
     with pytest.raises(SystemExit):
         recipe_main(["--config", str(config_file.parent / "missing.yaml")])
     assert f"config file not found: {config_file.parent}/missing.yaml" in capsys.readouterr().err
+
+
+def test_an_error_during_a_progress_bar_is_a_line_of_its_own(config_file, capsys, monkeypatch):
+    monkeypatch.delenv("TUNE_DEBUG", raising=False)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.setattr(sys, "argv", ["my_recipe.py"])
+    with pytest.raises(SystemExit):
+        recipe_main(["--config", str(config_file), "fail=true", "progress_bar=true"])
+    err = capsys.readouterr().err
+    assert "1/3" in err  # the bar was drawn
+    assert "\nmy_recipe.py: error: model.x: a config problem raised inside the recipe\n" in err, repr(err)
 
 
 def test_tune_debug_raises_with_the_traceback(config_file, monkeypatch):
