@@ -178,17 +178,31 @@ class TransformerDecoder(nn.Module):
             and all(_supports_block_mask(layer) for layer in self.layers)
         )
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The layers' input for ``tokens`` [b, s]: their embeddings [b, s, embed_dim], times ``embed_scale``."""
+        h = self.tok_embeddings(tokens)
+        if self.embed_scale is not None:
+            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        return h
+
     def forward(
-        self, tokens: torch.Tensor, *, mask: torch.Tensor | None = None, input_pos: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        input_pos: torch.Tensor | None = None,
+        input_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Computes logits (or final hidden states when ``skip_output_layer``).
 
         Args:
-            tokens (torch.Tensor): [b, s] int64 token ids.
+            tokens (torch.Tensor | None): [b, s] int64 token ids; None when ``input_embeds`` is given.
             mask (torch.Tensor | None): [b, s, s_kv] bool, True where a query may attend a key (padding or packed
                 documents); None for plain causal attention.
             input_pos (torch.Tensor | None): [b, s] int64 positions (per-document for packed sequences); None
                 for ``0..s-1``.
+            input_embeds (torch.Tensor | None): [b, s, embed_dim], the layers' input in place of ``embed(tokens)``
+                (a vision-language model's token embeddings with image features put in). Default None.
 
         Returns:
             torch.Tensor | list[torch.Tensor]: [b, s, vocab_size] float32 logits (a list of sequence chunks after
@@ -196,18 +210,22 @@ class TransformerDecoder(nn.Module):
             ``[*hidden_states, output]``.
 
         Raises:
-            ValueError: if ``tokens`` is not 2-D or longer than ``max_seq_len``.
+            ValueError: if not exactly one of ``tokens`` and ``input_embeds`` is given, for a ``tokens`` that is not
+                2-D or an ``input_embeds`` that is not 3-D, or a sequence longer than ``max_seq_len``.
         """
-        if tokens.dim() != 2:
+        if (tokens is None) == (input_embeds is None):
+            raise ValueError("Pass exactly one of tokens and input_embeds.")
+        if tokens is not None and tokens.dim() != 2:
             raise ValueError(f"tokens must be [batch, seq] token ids, got shape {tuple(tokens.shape)}.")
-        if tokens.shape[1] > self.max_seq_len:
+        if input_embeds is not None and input_embeds.dim() != 3:
+            raise ValueError(f"input_embeds must be [batch, seq, embed_dim], got shape {tuple(input_embeds.shape)}.")
+        seq_len = (tokens if tokens is not None else input_embeds).shape[1]
+        if seq_len > self.max_seq_len:
             raise ValueError(
-                f"Sequence length {tokens.shape[1]} exceeds the model's max_seq_len {self.max_seq_len}; truncate "
+                f"Sequence length {seq_len} exceeds the model's max_seq_len {self.max_seq_len}; truncate "
                 "the inputs (e.g. tokenizer.max_seq_len) or build the model with a larger max_seq_len."
             )
-        h = self.tok_embeddings(tokens)
-        if self.embed_scale is not None:
-            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        h = self.embed(tokens) if input_embeds is None else input_embeds
         if mask is not None and self._flex_mask_applies(mask):
             mask = block_mask(mask)  # once for all layers
         hidden = []

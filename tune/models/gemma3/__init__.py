@@ -27,6 +27,15 @@ from tune.models.gemma3._model_builders import (
     qlora_gemma3_270m,
 )
 from tune.models.gemma3._tokenizer import gemma3_tokenizer
+from tune.models.gemma3._vision import (
+    Gemma3MultiModalProjector,
+    Gemma3VisionLanguageModel,
+    gemma3_vision_hf_to_tune,
+    gemma3_vision_language_from_hf_config,
+    gemma3_vision_language_model,
+    gemma3_vision_tune_to_hf,
+    image_attention_mask,
+)
 from tune.registry import ModelFamily
 
 FAMILY = ModelFamily(
@@ -46,6 +55,8 @@ FAMILY = ModelFamily(
 )
 
 __all__ = [
+    "Gemma3MultiModalProjector",
+    "Gemma3VisionLanguageModel",
     "gemma3",
     "gemma3_12b",
     "gemma3_1b",
@@ -56,6 +67,11 @@ __all__ = [
     "gemma3_hf_to_tune",
     "gemma3_tokenizer",
     "gemma3_tune_to_hf",
+    "gemma3_vision_hf_to_tune",
+    "gemma3_vision_language_from_hf_config",
+    "gemma3_vision_language_model",
+    "gemma3_vision_tune_to_hf",
+    "image_attention_mask",
     "lora_gemma3",
     "lora_gemma3_12b",
     "lora_gemma3_1b",
