@@ -211,19 +211,24 @@ def test_fp32_on_cuda_matches_cpu(assets, tmp_path, kind):
     check_close(f"{name} on cuda vs cpu, losses", _values(on_cuda), _values(on_cpu), abs=1e-4)
 
 
+def _tiny_lora_model() -> torch.nn.Module:
+    """The model lora_tiny.yaml builds (tests/recipes/assets), randomly initialised."""
+    from tune.models.llama2 import lora_llama2
+
+    return lora_llama2(
+        ["q_proj", "v_proj", "output_proj"], apply_lora_to_mlp=True, lora_rank=8, lora_alpha=16,
+        vocab_size=320, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=128, intermediate_dim=256,
+        max_seq_len=512,
+    )  # fmt: skip
+
+
 def _random_adapter(directory: Path) -> Path:
     """lora_tiny.yaml's adapters with random A and B (seeded), in tune's keys: what a recipe saves, without PEFT
     (whose torchao check refuses the torchao the GPU machine gets for torchtune 0.6.1)."""
     from safetensors.torch import save_file
 
-    from tune.models.llama2 import lora_llama2
-
     torch.manual_seed(3)
-    model = lora_llama2(
-        ["q_proj", "v_proj", "output_proj"], apply_lora_to_mlp=True, lora_rank=8, lora_alpha=16,
-        vocab_size=320, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=128, intermediate_dim=256,
-        max_seq_len=512,
-    )  # fmt: skip
+    model = _tiny_lora_model()
     adapter = {name: torch.randn_like(p) * 0.05 for name, p in model.named_parameters() if "lora_" in name}
     directory.mkdir(parents=True, exist_ok=True)
     save_file(adapter, directory / "adapter_model.safetensors")
@@ -248,7 +253,6 @@ def test_lora_gradients_on_device_match_cpu(collate):
     The device runs each of its own paths (flex or dense attention for the padding-free row, the fused or the
     written LoRA), so a difference is pinned to a path and a parameter."""
     from tune.data import padded_collate_sft, padding_free_collate
-    from tune.models.llama2 import lora_llama2
     from tune.modules.loss import LinearCrossEntropyLoss
     from tune.modules.peft import LoRALinear, set_trainable_params
 
@@ -261,11 +265,7 @@ def test_lora_gradients_on_device_match_cpu(collate):
         torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32,
     )
     torch.manual_seed(0)
-    model = lora_llama2(
-        ["q_proj", "v_proj", "output_proj"], apply_lora_to_mlp=True, lora_rank=8, lora_alpha=16,
-        vocab_size=320, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=128, intermediate_dim=256,
-        max_seq_len=512,
-    )  # fmt: skip
+    model = _tiny_lora_model()
     set_trainable_params(model, {n for n, p in model.named_parameters() if "lora_" in n})
     with torch.no_grad():  # adapters a step or more into training
         for name, p in model.named_parameters():
