@@ -347,19 +347,7 @@ def tokenizer_file(kind: str) -> Path:
 def phi4_tokenizer_dir() -> Path:
     """A Phi-4-style byte-level BPE (cl100k regex, no normaliser, Phi-4's 96 special tokens after the BPE entries):
     ``tokenizer.json`` next to the ``vocab.json``/``merges.txt`` of the same model."""
-    from tokenizers import AddedToken
-
-    from tune.models.phi4._tokenizer import PHI4_ADDED_TOKENS, PHI4_PATTERN
-
-    tokenizer = _tiny_tokenizers._train_byte_level_bpe(PHI4_PATTERN, vocab_size=600, nfc=False)
-    out = _tiny_tokenizers._workdir() / "phi4"
-    out.mkdir()
-    tokenizer.model.save(str(out))
-    tokenizer.add_special_tokens(
-        [AddedToken(content, special=True, normalized=False) for content, _ in PHI4_ADDED_TOKENS]
-    )
-    tokenizer.save(str(out / "tokenizer.json"))
-    return out
+    return _tiny_tokenizers.phi4_bpe_files()
 
 
 @functools.cache

@@ -24,6 +24,7 @@ from tests.recipes.utils import (
     pad_batch,
     random_peft_adapter,
     run_recipe,
+    save_spread_hf_model,
     tiny_dataset,
 )
 
@@ -56,12 +57,7 @@ def _save_hf_llama(path: Path, num_layers: int, intermediate_size: int, seed: in
         eos_token_id=2,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(path, safe_serialization=True)
+    save_spread_hf_model(LlamaForCausalLM(config).to(torch.float32), path)
     return path
 
 

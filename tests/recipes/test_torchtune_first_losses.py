@@ -34,7 +34,15 @@ import pytest
 import torch
 import yaml
 
-from tests.recipes.utils import MODEL_SIZES, ROOT, VOCAB_SIZE, _write_alpaca, build_tiny_assets, read_jsonl
+from tests.recipes.utils import (
+    MODEL_SIZES,
+    ROOT,
+    VOCAB_SIZE,
+    _write_alpaca,
+    build_tiny_assets,
+    read_jsonl,
+    save_spread_hf_model,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -162,12 +170,7 @@ def _tiny_checkpoint(path: Path, family: _Family, vocab_size: int) -> dict:
     model_class = getattr(transformers, family.hf_model)
     config = model_class.config_class(vocab_size=vocab_size, max_position_embeddings=512, **sizes, **family.hf)
     torch.manual_seed(0)
-    model = model_class(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(path, safe_serialization=True)
+    save_spread_hf_model(model_class(config), path)
     return sizes
 
 

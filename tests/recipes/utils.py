@@ -92,8 +92,14 @@ def _save_hf_llama(path: Path) -> None:
         **MODEL_SIZES,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    # Larger than the default 0.02 init so that a few optimizer steps move the loss visibly.
+    save_spread_hf_model(LlamaForCausalLM(config).to(torch.float32), path)
+
+
+def save_spread_hf_model(model, path: Path) -> None:
+    """Fills every matrix of a transformers model with N(0, 0.08) noise from the global generator (larger than the
+    default 0.02 init, so that a few optimizer steps move the loss visibly) and saves it as safetensors in ``path``."""
+    import torch
+
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
