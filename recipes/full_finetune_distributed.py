@@ -285,7 +285,7 @@ class FullFinetuneRecipeDistributed:
             they are read only at logging steps).
         """
         labels = shift_labels(batch["labels"], CROSS_ENTROPY_IGNORE_IDX)
-        outputs = self._model(batch["tokens"], mask=batch.get("mask"), input_pos=batch.get("input_pos"))
+        outputs = self._model(batch["tokens"], **training.model_inputs(batch))
         return self._router_aux_loss(self._loss_fn(outputs, labels), batch["tokens"], labels)
 
     def train(self) -> None:
@@ -308,7 +308,7 @@ class FullFinetuneRecipeDistributed:
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, batch in enumerate(micro_batches):
                     throughput.update(training.count_tokens(batch["tokens"], self._tokenizer.pad_id))
-                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                    batch = training.batch_to_device(batch, device)
                     with self._activations_ctx:
                         loss_sum, aux_metrics = self.loss_step(batch)
                     loss = loss_sum * loss_scale  # this rank's share of the step's mean over all loss tokens

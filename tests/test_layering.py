@@ -33,7 +33,9 @@ ALLOWED = {
     "modules.transforms": {"modules", "data", "utils"},
     "data": {"utils"},
     "datasets": {"data", "utils"},
-    "models": {"modules", "modules.peft", "data", "utils", "registry", "plugins"},
+    # modules.transforms too: the vision families' image transforms build on its vision_utils and
+    # VisionCrossAttentionMask (torchtune's paths); it imports only layers models may import themselves
+    "models": {"modules", "modules.peft", "modules.transforms", "data", "utils", "registry", "plugins"},
     "training": {"modules", "modules.peft", "data", "utils", "registry", "plugins"},
     "generation": {"modules", "data", "utils"},
     # preference and RL fine-tuning math (torchtune's torchtune.rlhf): losses, log-probabilities, metrics

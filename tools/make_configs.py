@@ -712,8 +712,290 @@ def write_grpo_configs() -> int:
     return len(GRPO_SIZES) * len(GRPO_RECIPE) + len(GRPO_DIST_SIZES)
 
 
+# -------------------------------------------------------------------------------------------------- vision
+# Vision-language fine-tuning on image+text conversations (the_cauldron's OCR-VQA subset, as torchtune's
+# llama3_2_vision configs), single device (<size>_<method>_single_device.yaml) and on several GPUs (<size>_<method>.yaml,
+# LoRA and QLoRA through lora_finetune_distributed.py). The model trains its vision encoder and the fusion parts (the
+# projector, or Llama 3.2 Vision's cross-attention layers) and keeps the language model frozen, as torchtune's
+# configs do; LoRA configs put adapters on both.
+
+
+@dataclass
+class VisionSize:
+    family: str
+    size: str
+    builder: str
+    model_type: str
+    transform: str  # the family's model transform builder (tokenizer + images)
+    tokenizer_path: str
+    collate: str
+    single: tuple[str, ...]  # methods with a single-device config
+    distributed: tuple[str, ...]  # methods with a multi-GPU config
+    image_size: int | None = None  # Llama 3.2 Vision's tile size, which the model and the transform share
+    tokenizer_extra: str = ""  # more tokenizer lines
+    repo: str = ""
+
+    def __post_init__(self) -> None:
+        table = _model_sizes(self.family)
+        if self.builder not in table:
+            raise ValueError(f"{self.builder} is not in MODEL_SIZES of tune/models/{self.family}/_model_builders.py")
+        self.repo = self.repo or table[self.builder].repo
+
+
+_TILED, _FLAT = "tune.data.padded_collate_tiled_images_and_mask", "tune.data.padded_collate_images"
+_QWEN_PIXELS = "  max_pixels: 1003520  # at most 1280 image tokens an image (the release allows 16384)\n"
+VISION_SIZES = [
+    VisionSize(
+        "llama3_2_vision",
+        "11B",
+        "llama3_2_vision_11b",
+        "LLAMA3_VISION",
+        "llama3_2_vision_transform",
+        ORIG,
+        _TILED,
+        ("full", "lora", "qlora"),
+        ("full", "lora", "qlora"),
+        image_size=560,
+    ),
+    VisionSize(
+        "llama3_2_vision",
+        "90B",
+        "llama3_2_vision_90b",
+        "LLAMA3_VISION",
+        "llama3_2_vision_transform",
+        ORIG,
+        _TILED,
+        (),
+        ("full", "lora", "qlora"),
+        image_size=560,
+    ),
+    VisionSize(
+        "qwen2_5_vl",
+        "3B",
+        "qwen2_5_vl_3b",
+        "QWEN2_5_VL",
+        "qwen2_5_vl_transform",
+        "tokenizer.json",
+        _FLAT,
+        ("full", "lora", "qlora"),
+        (),
+        tokenizer_extra=_QWEN_PIXELS,
+    ),
+    VisionSize(
+        "qwen2_5_vl",
+        "7B",
+        "qwen2_5_vl_7b",
+        "QWEN2_5_VL",
+        "qwen2_5_vl_transform",
+        "tokenizer.json",
+        _FLAT,
+        ("lora", "qlora"),
+        ("full", "lora"),
+        tokenizer_extra=_QWEN_PIXELS,
+    ),
+    VisionSize(
+        "qwen2_5_vl",
+        "32B",
+        "qwen2_5_vl_32b",
+        "QWEN2_5_VL",
+        "qwen2_5_vl_transform",
+        "tokenizer.json",
+        _FLAT,
+        (),
+        ("lora",),
+        tokenizer_extra=_QWEN_PIXELS,
+    ),
+    VisionSize(
+        "qwen2_5_vl",
+        "72B",
+        "qwen2_5_vl_72b",
+        "QWEN2_5_VL",
+        "qwen2_5_vl_transform",
+        "tokenizer.json",
+        _FLAT,
+        (),
+        ("qlora",),
+        tokenizer_extra=_QWEN_PIXELS,
+    ),
+    VisionSize(
+        "gemma3_vision",
+        "4B",
+        "gemma3_vision_4b",
+        "GEMMA3_VISION",
+        "gemma3_vision_transform",
+        "tokenizer.model",
+        _FLAT,
+        ("full", "lora", "qlora"),
+        (),
+    ),
+    VisionSize(
+        "gemma3_vision",
+        "12B",
+        "gemma3_vision_12b",
+        "GEMMA3_VISION",
+        "gemma3_vision_transform",
+        "tokenizer.model",
+        _FLAT,
+        ("lora", "qlora"),
+        ("full", "lora"),
+    ),
+    VisionSize(
+        "gemma3_vision",
+        "27B",
+        "gemma3_vision_27b",
+        "GEMMA3_VISION",
+        "gemma3_vision_transform",
+        "tokenizer.model",
+        _FLAT,
+        ("qlora",),
+        ("lora",),
+    ),
+]
+
+
+def _vision_model(v: VisionSize, method: str) -> str:
+    image_size = (
+        f"  image_size: {v.image_size}  # the tile size: the same as tokenizer.image_size\n" if v.image_size else ""
+    )
+    if method == "full":
+        return (
+            "model:\n"
+            f"  _component_: tune.models.{v.family}.{v.builder}\n"
+            "  decoder_trainable: False  # the language model stays as it is\n"
+            "  encoder_trainable: True  # the vision encoder\n"
+            "  fusion_trainable: True  # what joins them: the projector or cross-attention layers\n" + image_size
+        )
+    prefix = "qlora_" if method == "qlora" else "lora_"
+    return (
+        "model:\n"
+        f"  _component_: tune.models.{v.family}.{prefix}{v.builder}\n"
+        "  decoder_trainable: frozen  # frozen, lora or full, for each part\n"
+        "  encoder_trainable: lora\n"
+        "  fusion_trainable: lora\n"
+        "  lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']\n"
+        "  apply_lora_to_mlp: True\n"
+        "  apply_lora_to_output: False\n"
+        "  lora_rank: 8  # higher rank: more capacity, more memory\n"
+        "  lora_alpha: 16  # the update is scaled by lora_alpha / lora_rank\n"
+        "  lora_dropout: 0.0\n" + image_size
+    )
+
+
+def render_vision(v: VisionSize, method: str, distributed: bool) -> str:
+    kind = method if distributed else f"{method}_single_device"
+    name = f"{v.family}/{v.size}_{kind}"
+    recipe = ("full_finetune" if method == "full" else "lora_finetune") + (
+        "_distributed" if distributed else "_single_device"
+    )
+    what = {"full": "Full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning (NF4 base weights)"}[
+        method
+    ]
+    where = f"on {NUM_GPUS} GPUs (FSDP2)" if distributed else "on one device"
+    launch = f"--nproc_per_node {NUM_GPUS} " if distributed else ""
+    out = (
+        f"# {what} of {v.repo} {where} on images and text, with {recipe}.py.\n"
+        "#\n"
+        "# Download the model first:\n"
+        f"#   tune download {v.repo} --output-dir {_dl_dir(v.repo)}\n"
+        "#\n"
+        "# Then run:\n"
+        f"#   tune run {launch}{recipe} --config {name}\n"
+        "#\n"
+        f"# {'batch_size is per GPU. ' if distributed else ''}Any key can be overridden on the command line, e.g. dataset.subset=vqav2.\n\n"
+    )
+    out += f"output_dir: /tmp/tune/{v.family}_{v.size}/{kind}\n\n"
+    out += _vision_model(v, method) + "\n"
+    out += (
+        "tokenizer:  # the model transform: tokenizer and image processor\n"
+        f"  _component_: tune.models.{v.family}.{v.transform}\n"
+        f"  path: {_dl_dir(v.repo)}/{v.tokenizer_path}\n"
+        + (f"  image_size: {v.image_size}\n" if v.image_size else "")
+        + v.tokenizer_extra
+        + "  max_seq_len: 8192\n\n"
+        "checkpointer:\n"
+        "  _component_: tune.training.FullModelHFCheckpointer\n"
+        f"  checkpoint_dir: {_dl_dir(v.repo)}\n"
+        "  checkpoint_files: null  # null: every shard listed in model.safetensors.index.json\n"
+        + ("  adapter_checkpoint: null\n" if method != "full" else "")
+        + "  recipe_checkpoint: null\n"
+        "  output_dir: ${output_dir}\n"
+        f"  model_type: {v.model_type}\n"
+        "resume_from_checkpoint: False\n"
+        + (
+            "save_adapter_weights_only: False  # True: write only the PEFT adapter, not the merged model\n"
+            if method != "full"
+            else ""
+        )
+        + "save_every_n_steps: null  # null: save at the end of each epoch only\n"
+        "keep_last_n_checkpoints: null\n\n"
+        "dataset:\n"
+        "  _component_: tune.datasets.multimodal.the_cauldron_dataset\n"
+        "  subset: ocrvqa\n"
+        "  packed: False  # samples with images are not packed\n"
+        f"collate_fn: {v.collate}\n"
+        "seed: null\n"
+        "shuffle: True\n"
+        f"batch_size: 2{'  # per GPU' if distributed else ''}\n\n"
+        "optimizer:\n"
+        "  _component_: torch.optim.AdamW\n"
+        "  fused: True\n"
+        "  weight_decay: 0.01\n"
+        f"  lr: {'2e-5' if method == 'full' else '1e-4'}\n"
+        "lr_scheduler:\n"
+        "  _component_: tune.training.lr_schedulers.get_cosine_schedule_with_warmup\n"
+        "  num_warmup_steps: 100\n"
+    )
+    if not distributed:
+        out += "optimizer_in_bwd: False  # True: step each parameter as its gradient is ready (saves memory; no clipping or accumulation)\n"
+    out += (
+        "loss:\n"
+        "  _component_: tune.modules.loss.LinearCrossEntropyLoss\n\n"
+        "epochs: 1\n"
+        "max_steps_per_epoch: null\n"
+        "gradient_accumulation_steps: 8\n"
+        "clip_grad_norm: 1.0\n"
+        "compile: False  # torch.compile the model and loss: faster steps after a slower first one\n\n"
+    )
+    if distributed:
+        out += (
+            "tensor_parallel_dim: 1  # vision-language models are sharded with FSDP2 only\n"
+            "fsdp_cpu_offload: False  # True: keep sharded weights, gradients and optimizer states in CPU memory\n"
+            "fsdp_reshard_after_forward: True  # False: keep each layer gathered until backward (faster, more memory)\n"
+            "dist_backend: null  # null: nccl on GPU (gloo for CPU-side state), gloo on CPU\n\n"
+        )
+    out += (
+        "metric_logger:\n"
+        "  _component_: tune.training.metric_logging.DiskLogger\n"
+        "  log_dir: ${output_dir}/logs\n"
+        "log_every_n_steps: 1\n"
+        "log_peak_memory_stats: True\n\n"
+        "device: cuda\n"
+        "dtype: bf16\n\n"
+        "enable_activation_checkpointing: True\n"
+        "enable_activation_offloading: False\n\n"
+        "profiler:\n"
+        "  _component_: tune.training.setup_torch_profiler\n"
+        "  enabled: False\n"
+    )
+    return out
+
+
+def write_vision_configs() -> int:
+    written = 0
+    for v in VISION_SIZES:
+        for methods, distributed in ((v.single, False), (v.distributed, True)):
+            for method in methods:
+                kind = method if distributed else f"{method}_single_device"
+                path = ROOT / "configs" / v.family / f"{v.size}_{kind}.yaml"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(render_vision(v, method, distributed))
+                written += 1
+    return written
+
+
 if __name__ == "__main__":
     main()
     print(f"wrote {write_dpo_distributed_configs()} multi-GPU DPO configs")
     print(f"wrote {write_kd_configs()} knowledge-distillation configs")
     print(f"wrote {write_grpo_configs()} GRPO configs")
+    print(f"wrote {write_vision_configs()} vision configs")

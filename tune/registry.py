@@ -151,8 +151,14 @@ def register_model_family(family: ModelFamily, *, overwrite: bool = False) -> Mo
     return family
 
 
+# Public subpackages of ``tune.models`` that are not families but components families build on (torchtune's
+# ``tune.models.clip``: a vision encoder and its image transform); they declare no ``FAMILY``.
+SHARED_COMPONENT_PACKAGES = frozenset({"clip"})
+
+
 def _builtin_names() -> list[str]:
-    """The built-in families: the public subpackages of ``tune.models``, found on disk, none of them imported."""
+    """The built-in families: the public subpackages of ``tune.models`` but ``SHARED_COMPONENT_PACKAGES``, found on
+    disk, none of them imported."""
     # listing imports nothing of tune.models: its __path__ once imported, else find_spec, which locates the
     # package without running its __init__
     package = sys.modules.get("tune.models")
@@ -160,7 +166,11 @@ def _builtin_names() -> list[str]:
         folders = package.__path__
     else:
         folders = importlib.util.find_spec("tune.models").submodule_search_locations
-    return sorted(m.name for m in pkgutil.iter_modules(folders) if m.ispkg and not m.name.startswith("_"))
+    return sorted(
+        m.name
+        for m in pkgutil.iter_modules(folders)
+        if m.ispkg and not m.name.startswith("_") and m.name not in SHARED_COMPONENT_PACKAGES
+    )
 
 
 def _load_builtin(name: str) -> None:

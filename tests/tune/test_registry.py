@@ -29,10 +29,12 @@ GOOD_PLUGIN = REPO / "tests" / "assets" / "plugins" / "good"
 
 PROBE = """
 import json, sys
+from tune.registry import SHARED_COMPONENT_PACKAGES
 {code}
 print(json.dumps({{
     "families": sorted({{m.split(".")[2] for m in sys.modules
-                         if m.startswith("tune.models.") and not m.split(".")[2].startswith("_")}}),
+                         if m.startswith("tune.models.") and not m.split(".")[2].startswith("_")}}
+                       - SHARED_COMPONENT_PACKAGES),
     "torch": "torch" in sys.modules,
 }}))
 """

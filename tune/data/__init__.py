@@ -28,7 +28,9 @@ from tune.data._collate import (
     padding_free_collate,
 )
 from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
+from tune.data._image import load_image
 from tune.data._masking import MaskingStrategy, mask_messages
+from tune.data._media import IMAGE_PLACEHOLDER, insert_image_segments, replace_images, tokenize_with_images
 from tune.data._message_transforms import (
     AlpacaToMessages,
     ChosenRejectedToMessages,
@@ -38,6 +40,7 @@ from tune.data._message_transforms import (
     alpaca_prompt,
 )
 from tune.data._messages import ROLES, Message, Role
+from tune.data._multimodal_messages import TheCauldronToMessages, format_content_with_images
 from tune.data._packing import FlatSequences, PackedDataset, block_causal_mask, flatten_dataset, pack_lengths
 from tune.data._preview import render_sample
 from tune.data._prompt_templates import (
@@ -57,8 +60,15 @@ from tune.data._tokenizers import (
     TokenizerFileError,
     truncate,
 )
+from tune.data._vision_collate import padded_collate_images, padded_collate_tiled_images_and_mask
 
 __all__ = [
+    "padded_collate_images",
+    "padded_collate_tiled_images_and_mask",
+    "IMAGE_PLACEHOLDER",
+    "insert_image_segments",
+    "replace_images",
+    "tokenize_with_images",
     "TokenizerFileError",
     "collate_for_dataset",
     "is_packed",
@@ -69,6 +79,9 @@ __all__ = [
     "OpenAIToMessages",
     "PackedDataset",
     "ShareGPTToMessages",
+    "TheCauldronToMessages",
+    "format_content_with_images",
+    "load_image",
     "alpaca_prompt",
     "block_causal_mask",
     "flatten_dataset",

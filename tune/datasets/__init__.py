@@ -3,7 +3,9 @@
 Every builder takes the model's tokenizer as its first argument, loads ``source`` with ``datasets.load_dataset``
 (hub name, ``"json"``/``"parquet"``/``"csv"``/``"text"`` with ``data_files``, a local directory or file),
 tokenises once with ``datasets.map`` (cached on disk) and, with ``packed=True``, returns a
-:class:`~tune.data.PackedDataset`.
+:class:`~tune.data.PackedDataset`. The builders of conversations with images (``multimodal_chat_dataset``,
+``llava_instruct_dataset``, ``the_cauldron_dataset``, ``vqa_dataset``) take the family's model transform instead and
+return a :class:`MultimodalDataset`, which loads images and tokenises one sample at a time.
 """
 
 from tune.data import PackedDataset
@@ -23,9 +25,17 @@ from tune.datasets._stack_exchange_paired import stack_exchange_paired_dataset
 from tune.datasets._text_completion import TextCompletionDataset, text_completion_dataset
 from tune.datasets._weighted import WeightedDataset
 from tune.datasets._wikitext import wikitext_dataset
+from tune.datasets.multimodal import (
+    MultimodalDataset,
+    llava_instruct_dataset,
+    multimodal_chat_dataset,
+    the_cauldron_dataset,
+    vqa_dataset,
+)
 
 __all__ = [
     "ConcatDataset",
+    "MultimodalDataset",
     "PackedDataset",
     "PreferenceDataset",
     "PromptDataset",
@@ -40,11 +50,15 @@ __all__ = [
     "gsm8k_dataset",
     "hh_rlhf_helpful_dataset",
     "instruct_dataset",
+    "llava_instruct_dataset",
+    "multimodal_chat_dataset",
     "preference_dataset",
     "prompt_dataset",
     "samsum_dataset",
     "slimorca_dataset",
     "stack_exchange_paired_dataset",
     "text_completion_dataset",
+    "the_cauldron_dataset",
+    "vqa_dataset",
     "wikitext_dataset",
 ]

@@ -1,6 +1,7 @@
 """Autoregressive generation for a ``TransformerDecoder``, with left-padded batches and an optional KV cache."""
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,6 +75,8 @@ def generate(
     use_cache: bool = True,
     custom_generate_next_token: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
     return_logits: bool = True,
+    encoder_input: dict[str, Any] | None = None,
+    encoder_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Generates tokens after each prompt of a batch; returns the prompt followed by them, and their logits.
 
@@ -86,6 +89,11 @@ def generate(
     With ``use_cache`` the prompt is run once and each new token attends the KV cache (set up here for the
     batch when the model has none, and removed again afterwards; caches the caller set up are reset and kept).
     Without it, the whole sequence is recomputed at every step (slow; a reference for tests).
+
+    A vision-language model gets its images as ``encoder_input`` (the batch layout of the family's collate) with
+    the prompt: with a KV cache only when the prompt is run, without one at every step. Llama 3.2 Vision's
+    ``encoder_mask`` says which images each prompt token attends; every generated token attends what the last
+    prompt token does.
 
     Args:
         model (nn.Module): a ``TransformerDecoder`` or anything with its interface: ``forward(tokens, *, mask,
@@ -110,6 +118,9 @@ def generate(
         return_logits (bool): keep the logits of every generated token and return them. False returns None in
             their place and holds one step's logits at a time: ``[b, n, vocab]`` float32 is large at real
             vocabularies (16 rows of 512 new tokens over 152k entries are 5 GB). Default True.
+        encoder_input (dict[str, Any] | None): the images of the prompts, for a vision-language model. Default None.
+        encoder_mask (torch.Tensor | None): [b, s, n_image_tokens] bool cross-attention mask of the prompt
+            (Llama 3.2 Vision), aligned with a tensor ``prompt``. Default None.
 
     Returns:
         tuple[torch.Tensor, torch.Tensor | None]: ``tokens`` [b, s + n], the (left-padded) prompt followed by the
@@ -119,7 +130,8 @@ def generate(
 
     Raises:
         ValueError: for bad sampling arguments, an empty or all-padding prompt, a sequence longer than the
-            model's ``max_seq_len``, or ``top_p`` with ``custom_generate_next_token``.
+            model's ``max_seq_len``, ``top_p`` or images with ``custom_generate_next_token``, or an
+            ``encoder_mask`` whose shape does not match the prompt's.
         TypeError: if ``use_cache`` is set and the model has no KV-cache methods.
     """
     _check_sampling_args(temperature, top_k, top_p)
@@ -128,6 +140,8 @@ def generate(
             "custom_generate_next_token takes generate_next_token's arguments, which have no top_p; drop top_p or "
             "the custom function."
         )
+    if custom_generate_next_token is not None and (encoder_input is not None or encoder_mask is not None):
+        raise ValueError("custom_generate_next_token takes no images; drop encoder_input/encoder_mask or the function.")
     if max_generated_tokens < 1:
         raise ValueError(f"max_generated_tokens must be at least 1, got {max_generated_tokens}.")
     dtype, device = _model_dtype_device(model)
@@ -159,6 +173,7 @@ def generate(
         if len(row_generators) != batch_size:
             raise ValueError(f"rng holds {len(row_generators)} generators for a batch of {batch_size} prompts.")
     step = _CachedStep(model, batch_size, dtype, total_len) if use_cache else _FullStep(model)
+    images = _ImageInputs(encoder_input, encoder_mask, (batch_size, prompt_len), max_generated_tokens, device)
     sequence = torch.cat([tokens, tokens.new_zeros((batch_size, max_generated_tokens))], dim=1)
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)
     new_logits, running = [], []  # per step: [b, vocab] logits, [b] rows not yet stopped before the step
@@ -168,7 +183,8 @@ def generate(
             for cur in range(prompt_len, total_len):
                 x, mask, input_pos = step.inputs(sequence, cur, attn_mask, positions)
                 if custom_generate_next_token is None or cur == prompt_len:
-                    logits = model(x, mask=mask, input_pos=input_pos)[:, -1]  # [b, vocab], predicts position `cur`
+                    extra = images.kwargs(cur - x.shape[1], cur, with_images=not use_cache or cur == prompt_len)
+                    logits = model(x, mask=mask, input_pos=input_pos, **extra)[:, -1]  # [b, vocab], predicts `cur`
                     if row_generators is None:
                         next_token = sample(logits, temperature, top_k, top_p, rng)
                     else:
@@ -241,6 +257,41 @@ def _row_noise(generators: list[torch.Generator], vocab_size: int, device: torch
 def _exponential_noise(batch_size: int, model: nn.Module, rng: torch.Generator, device: torch.device) -> torch.Tensor:
     vocab_size = model.tok_embeddings.num_embeddings
     return torch.empty(batch_size, vocab_size, device=device).exponential_(1, generator=rng)
+
+
+class _ImageInputs:
+    """The image arguments of each forward call of :func:`generate` (none for a text model)."""
+
+    def __init__(
+        self,
+        encoder_input: dict[str, Any] | None,
+        encoder_mask: torch.Tensor | None,
+        prompt_shape: tuple[int, int],
+        max_generated_tokens: int,
+        device: torch.device,
+    ) -> None:
+        self.encoder_input = encoder_input
+        self.encoder_mask = None
+        if encoder_mask is not None:
+            if encoder_mask.dim() != 3 or tuple(encoder_mask.shape[:2]) != prompt_shape:
+                raise ValueError(
+                    f"encoder_mask must be [batch, prompt length, image tokens] = [{prompt_shape[0]}, "
+                    f"{prompt_shape[1]}, n], got shape {tuple(encoder_mask.shape)}."
+                )
+            encoder_mask = encoder_mask.to(device)
+            # a generated token attends the images the last prompt token attends
+            new_rows = encoder_mask[:, -1:].expand(-1, max_generated_tokens, -1)
+            self.encoder_mask = torch.cat([encoder_mask, new_rows], dim=1)
+
+    def kwargs(self, start: int, end: int, *, with_images: bool) -> dict[str, Any]:
+        """The arguments of the forward call over positions ``start:end``; the images themselves only
+        ``with_images`` (every call without a KV cache, the prompt's call with one)."""
+        out: dict[str, Any] = {}
+        if with_images and self.encoder_input is not None:
+            out["encoder_input"] = self.encoder_input
+        if self.encoder_mask is not None:
+            out["encoder_mask"] = self.encoder_mask[:, start:end]
+        return out
 
 
 class _FullStep:

@@ -1,12 +1,15 @@
 """Model families (one folder each) and loading Hugging Face checkpoints without naming a builder.
 
 Every public subpackage is a family and declares itself (``FAMILY = ModelFamily(...)``); ``tune.registry`` finds
-them there. Nothing is imported here up front: ``import tune.models.llama2`` loads that family only, and
+them there. The exceptions, ``tune.registry.SHARED_COMPONENT_PACKAGES`` (``clip``), hold components families build
+on. Nothing is imported here up front: ``import tune.models.llama2`` loads that family only, and
 ``tune.models.qwen2_5`` or ``tune.models.from_hf`` are imported on first access.
 """
 
 import importlib
 import pkgutil
+
+from tune.registry import SHARED_COMPONENT_PACKAGES
 
 # tune.models._from_hf: the entry points importable from tune.models itself (they look families up in
 # tune.registry, so they are imported on first access, never by a family)
@@ -14,7 +17,11 @@ _HF_FUNCTIONS = ("from_hf", "to_hf_state_dict")
 
 
 def _families() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg and not m.name.startswith("_"))
+    return sorted(
+        m.name
+        for m in pkgutil.iter_modules(__path__)
+        if m.ispkg and not m.name.startswith("_") and m.name not in SHARED_COMPONENT_PACKAGES
+    )
 
 
 def __getattr__(name: str):
@@ -23,7 +30,7 @@ def __getattr__(name: str):
     # itself and never gets here.
     if name in _HF_FUNCTIONS:
         return getattr(importlib.import_module("tune.models._from_hf"), name)
-    if not name.startswith("_") and name in _families():
+    if not name.startswith("_") and (name in _families() or name in SHARED_COMPONENT_PACKAGES):
         return importlib.import_module(f"tune.models.{name}")  # binds itself here as an attribute
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

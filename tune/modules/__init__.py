@@ -10,16 +10,19 @@ from tune.modules._attention_utils import (
     packed_block_causal_mask,
 )
 from tune.modules._cache_utils import delete_kv_caches, disable_kv_cache, local_kv_cache
+from tune.modules._cross_attention import TransformerCrossAttentionLayer
 from tune.modules._feed_forward import FeedForward
 from tune.modules._kv_cache import KVCache
 from tune.modules._layer_dropout import LayerDropout, ModuleLayerDropoutWrapper, ScaleType, prepare_layer_dropout
 from tune.modules._layer_norm import Fp32LayerNorm
 from tune.modules._long_rope import LongRoPE
+from tune.modules._mrope import MultimodalRotaryEmbeddings
 from tune.modules._position_embeddings import LinearScaledRoPE, Llama3ScaledRoPE, RotaryPositionalEmbeddings
 from tune.modules._rms_norm import RMSNorm
 from tune.modules._tanh_gate import TanhGate
 from tune.modules._tied_linear import TiedLinear
 from tune.modules._transformer import TransformerDecoder, TransformerSelfAttentionLayer
+from tune.modules._vision_transformer import VisionTransformer
 from tune.modules.low_precision import FrozenNF4Linear, reparametrize_as_dtype_state_dict_post_hook
 
 __all__ = [
@@ -32,14 +35,17 @@ __all__ = [
     "Llama3ScaledRoPE",
     "LongRoPE",
     "ModuleLayerDropoutWrapper",
+    "MultimodalRotaryEmbeddings",
     "MultiHeadAttention",
     "RMSNorm",
     "RotaryPositionalEmbeddings",
     "ScaleType",
     "TanhGate",
     "TiedLinear",
+    "TransformerCrossAttentionLayer",
     "TransformerDecoder",
     "TransformerSelfAttentionLayer",
+    "VisionTransformer",
     "causal_mask",
     "create_block_causal_mask",
     "delete_kv_caches",

@@ -156,12 +156,21 @@ class MultiHeadAttention(nn.Module):
         self.kv_cache.reset()
 
     def forward(
-        self, x: torch.Tensor, *, mask: torch.Tensor | None = None, input_pos: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        input_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attends ``x`` to itself (and to the cached past during generation).
+        """Attends ``x`` to itself (and to the cached past during generation), or to ``y``.
 
         Args:
             x (torch.Tensor): [b, s, embed_dim].
+            y (torch.Tensor | None): [b, s_y, embed_dim] the keys and values are computed from instead of ``x``
+                (cross-attention, e.g. text attending image features). The layer must then be built with
+                ``is_causal=False`` and no ``pos_embeddings``; the KV cache is neither read nor written. Default None
+                (self-attention).
             mask (torch.Tensor | None): [b, s, s_kv] bool, True where a query may attend a key; None for causal
                 (or no) masking. With a KV cache, ``s_kv`` may be the cache capacity or the number of cached
                 tokens after this step.
@@ -170,13 +179,21 @@ class MultiHeadAttention(nn.Module):
 
         Returns:
             torch.Tensor: [b, s, embed_dim].
+
+        Raises:
+            ValueError: if ``y`` is given to a causal layer or one with a position embedding.
         """
         batch_size, seq_len, _ = x.shape
         kv_cache = self.kv_cache if self.cache_enabled else None
-        # projections, [b, s, heads, head_dim]
+        if y is not None:
+            self._check_cross_attention()
+            kv_cache = None  # cross-attention keys are the other sequence's: nothing to append
+        kv_input = x if y is None else y
+        kv_len = kv_input.shape[1]
+        # projections, [b, s, heads, head_dim] (keys and values: [b, s_kv, kv_heads, head_dim])
         q = self.q_proj(x).view(batch_size, seq_len, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch_size, seq_len, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch_size, seq_len, self.num_kv_heads, self.head_dim)
+        k = self.k_proj(kv_input).view(batch_size, kv_len, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(kv_input).view(batch_size, kv_len, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         # position embedding, after the tokens already in the cache
@@ -199,6 +216,13 @@ class MultiHeadAttention(nn.Module):
         # output projection
         out = out.transpose(1, 2).reshape(batch_size, seq_len, self.num_heads * self.head_dim)
         return self.output_proj(out)
+
+    def _check_cross_attention(self) -> None:
+        if self.is_causal or self.pos_embeddings is not None or self.query_scaling is not None:
+            raise ValueError(
+                "MultiHeadAttention got y (cross-attention), but it was built for self-attention: build it with "
+                "is_causal=False, pos_embeddings=None and query_scaling=None to attend another sequence."
+            )
 
     def supports_block_mask(self) -> bool:
         """Whether ``forward`` may be given a flex attention ``BlockMask`` in place of a dense mask: no sliding

@@ -10,6 +10,7 @@ from typing import Any
 
 from tune.modules.loss import shift_labels
 from tune.training._adapters import load_lora_state_dicts, lora_checkpoint_payload, prepare_lora_model
+from tune.training._batch import MODEL_INPUT_KEYS, batch_to_device, model_inputs
 from tune.training._compile import compile_loss, compile_model
 from tune.training._distillation import (
     check_kd_ratio,
@@ -206,6 +207,7 @@ __all__ = [
     "compile_loss",
     "compile_model",
     "configure_cpu_allocator",
+    "batch_to_device",
     "count_tokens",
     "create_optim_in_bwd_wrapper",
     "data_parallel_rank_and_size",
@@ -237,7 +239,9 @@ __all__ = [
     "load_from_full_model_state_dict",
     "load_from_full_optimizer_state_dict",
     "log_memory_stats",
+    "model_inputs",
     "model_vocab_size",
+    "MODEL_INPUT_KEYS",
     "num_loss_tokens",
     "prepare_kd_ce_loss",
     "prepare_kd_loss",

@@ -150,11 +150,13 @@ class TestMaskingStrategy:
             OpenAIToMessages(masking_strategy="sometimes")
 
 
-def test_image_dir_is_refused_text_only():
+def test_image_dir_makes_the_image_column_required():
     from tune.data import InputOutputToMessages, ShareGPTToMessages
 
-    for transform in (InputOutputToMessages, ShareGPTToMessages):
-        with pytest.raises(ValueError, match="image_dir='imgs' was given, but tune is text-only"):
-            transform(False, None, None, "imgs")
+    # images themselves are tested in tests/tune/data/test_image.py
+    for transform, text_columns in ((InputOutputToMessages, ["input", "output"]),
+                                    (ShareGPTToMessages, ["conversations"])):  # fmt: skip
+        assert transform(False, None, None, None).required_columns == text_columns
+        assert transform(False, None, None, "imgs").required_columns == [*text_columns, "image"]
     # torchtune's positional order: train_on_input, column_map, new_system_prompt, image_dir, image_tag
     assert ShareGPTToMessages(True, None, None, None, "<img>").image_tag == "<img>"

@@ -113,8 +113,9 @@ def test_packed_documents_equal_separate_runs():
 def _multimodal_model(seed: int = 0):
     """A tiny Gemma3ForConditionalGeneration (a 1-layer SigLIP vision tower) with the text case's language model."""
     vision = dict(
-        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=4
-    )
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=4,
+        vision_use_head=False,  # as in the released configs (Gemma 3 uses no pooling head)
+    )  # fmt: skip
     config = transformers.Gemma3Config(
         text_config=TEXT, vision_config=vision, mm_tokens_per_image=4, boi_token_index=97, eoi_token_index=98,
         image_token_index=99,
@@ -142,8 +143,10 @@ def test_multimodal_checkpoint_loads_its_language_model(tmp_path, layout):
         state = {k: v.contiguous() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
         assert any(k.startswith("model.language_model.") for k in state)
         save_file(state, str(tmp_path / "model.safetensors"))
+    # from_hf loads a multimodal checkpoint whole (the gemma3_vision family, tests/tune/models/test_gemma3_vision.py);
+    # its language model is this family's and gives the text logits
     model = from_hf(tmp_path, dtype=torch.float32)
-    assert len(model.layers) == 7 and model.layers[5].attn.sliding_window is None
+    assert len(model.decoder.layers) == 7 and model.decoder.layers[5].attn.sliding_window is None
     error = _padded_logits(hf_model, model)
     print(f"gemma3 multimodal ({layout}): max abs logit error {error:.3e}")
     assert error < 1e-5

@@ -1,18 +1,24 @@
-"""Gemma 3 with images (tune.models.gemma3's vision-language model) against transformers'
-``Gemma3ForConditionalGeneration``: logits with one image, a padded batch mixing image and text-only rows, two
-images in a row; the exact weight round trip; and text-only input against tune's text model."""
+"""Gemma 3 with images (tune.models.gemma3_vision) against transformers' ``Gemma3ForConditionalGeneration``:
+logits with one image, a padded batch mixing image and text-only rows, two images in a row, loading through
+``tune.models.from_hf``; the exact weight round trip; text-only input against tune's text model; KV-cache
+generation against the whole sequence; the released sizes' parameter counts; which parts train."""
 
 import pytest
 import torch
 
-from tune.models.gemma3 import (
-    gemma3_from_hf_config,
-    gemma3_hf_to_tune,
+from tune.models import from_hf
+from tune.models.gemma3 import gemma3_from_hf_config, gemma3_hf_to_tune
+from tune.models.gemma3_vision import (
+    Gemma3VisionLanguageModel,
+    gemma3_vision,
+    gemma3_vision_from_hf_config,
     gemma3_vision_hf_to_tune,
-    gemma3_vision_language_from_hf_config,
     gemma3_vision_tune_to_hf,
     image_attention_mask,
+    lora_gemma3_vision,
 )
+from tune.modules.peft import get_adapter_params
+from tune.registry import family_for_hf_model_type, get_model_family
 
 transformers = pytest.importorskip("transformers")
 
@@ -53,7 +59,7 @@ def models():
             else:
                 param.normal_(0.0, 0.3 if "embed" in name else 0.15)
     hf_config = config.to_dict()
-    model = gemma3_vision_language_from_hf_config(hf_config).eval()
+    model = gemma3_vision_from_hf_config(hf_config).eval()
     model.load_state_dict(gemma3_vision_hf_to_tune(hf_model.state_dict(), hf_config), strict=True)
     return hf_model, model, hf_config
 
@@ -89,7 +95,7 @@ def _max_error(hf_model, model, rows, num_images):
         expected = hf_model(
             input_ids=tokens, pixel_values=pixel_values, attention_mask=attention_mask, token_type_ids=token_type_ids
         ).logits
-        actual = model(tokens, pixel_values=pixel_values, mask=mask)
+        actual = model(tokens, mask=mask, encoder_input={"images": pixel_values})
     real = attention_mask.bool()
     assert expected[real].abs().max() > 1.0  # not a comparison of near-zero logits
     return (expected[real] - actual[real]).abs().max().item()
@@ -163,4 +169,203 @@ def test_image_mask_is_causal_plus_each_image_both_ways():
 def test_image_tokens_must_match_the_images(models):
     _, model, _ = models
     with pytest.raises(ValueError, match="image tokens"):
-        model(torch.tensor([_row(2, "image")]), pixel_values=torch.randn(2, 3, 32, 32))
+        model(torch.tensor([_row(2, "image")]), encoder_input={"images": torch.randn(2, 3, 32, 32)})
+
+
+def test_image_tokens_without_images_are_an_error(models):
+    _, model, _ = models
+    with pytest.raises(ValueError, match="no images"):
+        model(torch.tensor([_row(2, "image")]))
+    with pytest.raises(ValueError, match="encoder_input"):
+        model(torch.tensor([_row(2)]), encoder_input={"pixel_values": torch.randn(1, 3, 32, 32)})
+
+
+def test_no_image_rows_and_an_empty_image_tensor_are_text_only(models):
+    _, model, _ = models
+    tokens = torch.tensor([_row(6)])
+    with torch.no_grad():
+        expected = model(tokens)
+        assert torch.equal(model(tokens, encoder_input={"images": torch.zeros(0, 3, 32, 32)}), expected)
+        assert torch.equal(model(tokens, encoder_input=None, encoder_mask=object()), expected)
+
+
+def test_from_hf_loads_the_multimodal_checkpoint_whole(models, tmp_path):
+    hf_model, model, _ = models
+    assert family_for_hf_model_type("gemma3").name == "gemma3_vision"
+    assert family_for_hf_model_type("gemma3_text").name == "gemma3"
+    hf_model.save_pretrained(tmp_path)  # the files' keys: language_model.model.*, vision_tower.vision_model.*
+    loaded = from_hf(tmp_path, dtype=torch.float32)
+    assert isinstance(loaded, Gemma3VisionLanguageModel)
+    torch.manual_seed(5)
+    error = _max_error(hf_model, loaded, [_row(3, "image", 4), _row(9)], num_images=1)
+    print(f"gemma3 vision via from_hf: max abs logit error {error:.3e}")
+    assert error <= TOLERANCE
+
+
+def test_kv_cache_generation_matches_the_whole_sequence(models):
+    """Prefill with the image, then one token at a time: the logits of each step equal the whole sequence's."""
+    _, model, _ = models
+    torch.manual_seed(6)
+    sequence = torch.tensor([_row(2, "image", 3) + torch.randint(3, 90, (5,)).tolist()])
+    prompt_len = sequence.shape[1] - 5
+    images = {"images": torch.randn(1, 3, 32, 32)}
+    with torch.no_grad():
+        expected = model(sequence, encoder_input=images)
+        model.setup_caches(batch_size=1, dtype=torch.float32, decoder_max_seq_len=sequence.shape[1])
+        try:
+            assert model.caches_are_setup() and model.caches_are_enabled()
+            steps = [model(sequence[:, :prompt_len], encoder_input=images)]
+            steps += [model(sequence[:, i : i + 1]) for i in range(prompt_len, sequence.shape[1])]
+            model.reset_caches()
+        finally:
+            model.delete_caches()
+    actual = torch.cat(steps, dim=1)
+    error = (expected - actual).abs().max().item()
+    print(f"gemma3 vision KV-cache generation vs whole sequence: max abs logit error {error:.3e}")
+    assert error <= 1e-5
+    assert not model.caches_are_setup()
+
+
+def test_model_delegates_the_decoder_settings(models):
+    _, model, _ = models
+    assert model.tok_embeddings is model.decoder.tok_embeddings and model.output is model.decoder.output
+    tokens = torch.tensor([_row(4)])
+    try:
+        model.skip_output_layer = True
+        assert model.decoder.skip_output_layer
+        with torch.no_grad():
+            assert model(tokens).shape == (1, tokens.shape[1], 32)
+    finally:
+        model.skip_output_layer = False
+    try:
+        model.set_num_output_chunks(2)
+        with torch.no_grad():
+            assert len(model(tokens)) == 2
+    finally:
+        model.set_num_output_chunks(0)
+
+
+@pytest.mark.gpu
+def test_training_step_with_images_does_not_wait_for_the_device(models):
+    """Forward and backward of a batch with images on the GPU raise nothing under CUDA's sync debug mode "error"
+    (no ``.item()``, no ``int(tensor)``: the image-token count is checked on the CPU only), and give the CPU's
+    logits. (TUNE_GPU_TIER_DEVICE=cpu dry-runs it on the CPU, without the sync check.)"""
+    import copy
+    import os
+
+    _, model, _ = models
+    device = torch.device(os.environ.get("TUNE_GPU_TIER_DEVICE", "cuda"))
+    torch.manual_seed(7)
+    tokens = torch.tensor([_row(2, "image", 3, "image", 1)])
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(tokens, encoder_input={"images": images})
+    on_device = copy.deepcopy(model).to(device).train()
+    tokens, images = tokens.to(device), images.to(device)
+    assert not on_device.check_image_tokens
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        logits = on_device(tokens, encoder_input={"images": images})
+        logits.float().square().mean().backward()
+    finally:
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    assert (logits.detach().cpu() - expected).abs().max().item() <= 1e-3
+    assert on_device.projector.projection.grad is not None
+
+
+# Published configs (transcribed from each repo's config.json; no network in the tests): the language model's
+# shape (the rest at Gemma3TextConfig's defaults, as in the files) and the shared SigLIP.
+PUBLISHED_TEXT = {
+    "gemma3_vision_4b": dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+                             num_key_value_heads=4, head_dim=256),
+    "gemma3_vision_12b": dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                              num_key_value_heads=8, head_dim=256),
+    "gemma3_vision_27b": dict(hidden_size=5376, intermediate_size=21504, num_hidden_layers=62, num_attention_heads=32,
+                              num_key_value_heads=16, head_dim=128, query_pre_attn_scalar=168),
+}  # fmt: skip
+PUBLISHED_VISION = dict(
+    hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16, image_size=896,
+    patch_size=14, vision_use_head=False,
+)  # fmt: skip
+
+
+def _count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # a tied weight once
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_TEXT))
+def test_named_size_has_transformers_parameter_count(name):
+    config = transformers.Gemma3Config(
+        text_config=PUBLISHED_TEXT[name], vision_config=PUBLISHED_VISION, mm_tokens_per_image=256
+    )
+    family = get_model_family("gemma3_vision")
+    with torch.device("meta"):
+        reference = transformers.Gemma3ForConditionalGeneration(config)
+        ours = family.builders[name]()
+    print(f"{name}: {_count(ours):,} parameters")
+    assert _count(ours) == _count(reference)
+    assert family.sizes[name].repo == f"google/gemma-3-{name.rsplit('_', 1)[1]}-it"
+
+
+def _tiny_dims():
+    return dict(
+        vocab_size=VOCAB, num_layers=2, num_heads=4, head_dim=8, num_kv_heads=2, embed_dim=32, intermediate_dim=48,
+        max_seq_len=64, sliding_window_size=3, sliding_window_pattern=2, image_size=32, patch_size=8,
+        vision_embed_dim=16, vision_num_layers=1, vision_num_heads=2, vision_intermediate_dim=24,
+        mm_tokens_per_image=TOKENS_PER_IMAGE, image_token_id=IMAGE,
+    )  # fmt: skip
+
+
+def _trainable_parts(model) -> dict[str, set[bool]]:
+    return {
+        part: {p.requires_grad for p in getattr(model, part).parameters()}
+        for part in ("decoder", "encoder", "projector")
+    }
+
+
+def test_full_builder_freezes_the_parts_that_do_not_train():
+    model = gemma3_vision(**_tiny_dims())  # defaults: the language model and projector train, SigLIP is frozen
+    assert _trainable_parts(model) == {"decoder": {True}, "encoder": {False}, "projector": {True}}
+    model = gemma3_vision(**_tiny_dims(), decoder_trainable=False, encoder_trainable=True, fusion_trainable=False)
+    assert _trainable_parts(model) == {"decoder": {False}, "encoder": {True}, "projector": {False}}
+
+
+def test_lora_builder_puts_adapters_where_asked_and_trains_only_them():
+    model = lora_gemma3_vision(["q_proj", "v_proj"], **_tiny_dims(), lora_rank=2)
+    adapters = get_adapter_params(model)
+    assert adapters and all(name.startswith("decoder.") for name in adapters)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == set(adapters)
+    model = lora_gemma3_vision(
+        ["q_proj"], decoder_trainable="frozen", encoder_trainable="LoRA", fusion_trainable="full",
+        apply_lora_to_mlp=True, **_tiny_dims(), lora_rank=2,
+    )  # fmt: skip
+    adapters = set(get_adapter_params(model))
+    assert {name.split(".lora_")[0] for name in adapters} == {
+        "encoder.layers.0.attn.q_proj", "encoder.layers.0.mlp.fc1", "encoder.layers.0.mlp.fc2"
+    }  # fmt: skip
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == adapters | {name for name, _ in model.named_parameters() if name.startswith("projector.")}
+    # a LoRA vision encoder converts to transformers' module names (what a PEFT adapter is named after)
+    hf_names = gemma3_vision_tune_to_hf({"encoder.layers.0.attn.q_proj.weight": torch.zeros(1)}, {})
+    assert list(hf_names) == ["vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight"]
+
+
+def test_lora_builder_rejects_what_cannot_be_built():
+    with pytest.raises(ValueError, match="fusion_trainable='lora'"):
+        lora_gemma3_vision(["q_proj"], fusion_trainable="lora", **_tiny_dims())
+    with pytest.raises(ValueError, match="encoder_trainable must be one of"):
+        lora_gemma3_vision(["q_proj"], encoder_trainable="partial", **_tiny_dims())
+    with pytest.raises(ValueError, match="apply_lora_to_output"):
+        lora_gemma3_vision(["q_proj"], apply_lora_to_output=True, **_tiny_dims())
+
+
+def test_from_hf_config_takes_lora_and_trainable_arguments(models):
+    _, _, hf_config = models
+    model = gemma3_vision_from_hf_config(hf_config, lora_attn_modules=["q_proj"], encoder_trainable="lora")
+    assert {name.split(".")[0] for name in get_adapter_params(model)} == {"decoder", "encoder"}
+    with pytest.raises(ValueError, match="model_type 'gemma3'"):
+        gemma3_vision_from_hf_config({**hf_config, "model_type": "gemma3_text"})

@@ -27,15 +27,6 @@ from tune.models.gemma3._model_builders import (
     qlora_gemma3_270m,
 )
 from tune.models.gemma3._tokenizer import gemma3_tokenizer
-from tune.models.gemma3._vision import (
-    Gemma3MultiModalProjector,
-    Gemma3VisionLanguageModel,
-    gemma3_vision_hf_to_tune,
-    gemma3_vision_language_from_hf_config,
-    gemma3_vision_language_model,
-    gemma3_vision_tune_to_hf,
-    image_attention_mask,
-)
 from tune.registry import ModelFamily
 
 FAMILY = ModelFamily(
@@ -44,9 +35,10 @@ FAMILY = ModelFamily(
     builders=family_builders(_component_builders, _model_builders),
     hf_to_tune=gemma3_hf_to_tune,
     tune_to_hf=gemma3_tune_to_hf,
-    # text-only checkpoints (Gemma3ForCausalLM) and multimodal ones (Gemma3ForConditionalGeneration), whose
-    # language model is loaded
-    hf_model_types=("gemma3_text", "gemma3"),
+    # text-only checkpoints (Gemma3ForCausalLM). This family also reads the language model of a multimodal one
+    # (Gemma3ForConditionalGeneration, model_type "gemma3") when a checkpointer names it; tune.models.from_hf
+    # loads those whole with the gemma3_vision family.
+    hf_model_types=("gemma3_text",),
     # a multimodal checkpoint's vision tower and projector: no module in tune, written back as they were read
     passthrough_hf_keys=GEMMA3_PASSTHROUGH_KEYS,
     from_hf_config=gemma3_from_hf_config,
@@ -55,8 +47,6 @@ FAMILY = ModelFamily(
 )
 
 __all__ = [
-    "Gemma3MultiModalProjector",
-    "Gemma3VisionLanguageModel",
     "gemma3",
     "gemma3_12b",
     "gemma3_1b",
@@ -67,11 +57,6 @@ __all__ = [
     "gemma3_hf_to_tune",
     "gemma3_tokenizer",
     "gemma3_tune_to_hf",
-    "gemma3_vision_hf_to_tune",
-    "gemma3_vision_language_from_hf_config",
-    "gemma3_vision_language_model",
-    "gemma3_vision_tune_to_hf",
-    "image_attention_mask",
     "lora_gemma3",
     "lora_gemma3_12b",
     "lora_gemma3_1b",

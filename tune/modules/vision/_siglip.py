@@ -7,6 +7,8 @@ layers are tune's ``TransformerSelfAttentionLayer`` and ``MultiHeadAttention`` w
 and an ungated tanh-GELU MLP, so adapters and activation checkpointing treat them like a decoder's layers.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -109,6 +111,7 @@ def siglip_vision_encoder(
     norm_eps: float = 1e-6,
     attn_dropout: float = 0.0,
     in_channels: int = 3,
+    linear: Callable[[str, int, int], nn.Module] | None = None,
 ) -> SiglipVisionEncoder:
     """A SigLIP vision encoder of the given sizes, randomly initialised.
 
@@ -122,6 +125,10 @@ def siglip_vision_encoder(
         norm_eps (float): LayerNorm epsilon. Default 1e-6.
         attn_dropout (float): attention dropout. Default 0.0.
         in_channels (int): image channels. Default 3.
+        linear (Callable[[str, int, int], nn.Module] | None): ``linear(name, in_dim, out_dim)`` makes each
+            biased projection of a layer, named ``q_proj``, ``k_proj``, ``v_proj``, ``output_proj``, ``fc1`` or
+            ``fc2``; a model builder passes one that returns LoRA layers where it wants adapters. Default None:
+            ``nn.Linear(in_dim, out_dim)``.
 
     Returns:
         SiglipVisionEncoder: ``pixel_values`` [n, in_channels, image_size, image_size] -> [n, num_patches,
@@ -134,6 +141,11 @@ def siglip_vision_encoder(
     if embed_dim % num_heads:
         raise ValueError(f"num_heads ({num_heads}) must divide embed_dim ({embed_dim}).")
     head_dim = embed_dim // num_heads
+    if linear is None:
+
+        def linear(name: str, in_dim: int, out_dim: int) -> nn.Module:
+            return nn.Linear(in_dim, out_dim)
+
     layers = []
     for _ in range(num_layers):
         attn = MultiHeadAttention(
@@ -141,14 +153,14 @@ def siglip_vision_encoder(
             num_heads=num_heads,
             num_kv_heads=num_heads,
             head_dim=head_dim,
-            q_proj=nn.Linear(embed_dim, embed_dim),
-            k_proj=nn.Linear(embed_dim, embed_dim),
-            v_proj=nn.Linear(embed_dim, embed_dim),
-            output_proj=nn.Linear(embed_dim, embed_dim),
+            q_proj=linear("q_proj", embed_dim, embed_dim),
+            k_proj=linear("k_proj", embed_dim, embed_dim),
+            v_proj=linear("v_proj", embed_dim, embed_dim),
+            output_proj=linear("output_proj", embed_dim, embed_dim),
             is_causal=False,  # every patch sees every patch
             attn_dropout=attn_dropout,
         )
-        mlp = VisionMLP(fc1=nn.Linear(embed_dim, intermediate_dim), fc2=nn.Linear(intermediate_dim, embed_dim))
+        mlp = VisionMLP(fc1=linear("fc1", embed_dim, intermediate_dim), fc2=linear("fc2", intermediate_dim, embed_dim))
         layers.append(
             TransformerSelfAttentionLayer(
                 attn,

@@ -1,0 +1,212 @@
+"""Qwen2.5-VL: the vision transformer's merged patch vectors take the place of the image tokens' embeddings in a
+Qwen2.5 language model whose RoPE has three position axes (M-RoPE).
+
+The prompt holds one ``<|image_pad|>`` token per merge block of each image (``t * h * w / merge_size ** 2``), the
+images of the batch in row order. Their embeddings are replaced by the encoder's vectors, image after image. Text
+tokens advance all three positions by one. An image's tokens take the position where it starts plus their frame,
+row and column in the merged grid; the text after an image continues from its start plus the larger side of the
+grid (transformers' ``get_rope_index``).
+"""
+
+import torch
+from torch import nn
+
+from tune.modules import TransformerDecoder
+from tune.modules.vision import QwenVisionTransformer
+
+
+class Qwen2_5_VisionLanguageModel(nn.Module):
+    """Qwen2.5-VL: a vision encoder (with its patch merger) feeding a Qwen2.5 decoder with M-RoPE.
+
+    The output settings of the language model (``skip_output_layer``, ``set_num_output_chunks``) and its KV caches
+    are those of ``decoder``; this module passes them through. Generation with a KV cache after images needs the
+    three positions of the new tokens as ``input_pos`` [3, b, s] (the image shift is not carried between calls).
+
+    Args:
+        encoder (QwenVisionTransformer): images -> one vector per merge block, in the language model's width.
+        decoder (TransformerDecoder): the language model, whose attention layers use
+            :class:`~tune.modules.MultimodalRotaryEmbeddings`.
+        image_token_id (int): the placeholder each image vector replaces (``<|image_pad|>``, 151655 in the
+            releases).
+    """
+
+    def __init__(self, *, encoder: QwenVisionTransformer, decoder: TransformerDecoder, image_token_id: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.image_token_id = image_token_id
+
+    # the decoder's output settings and caches, under the names the recipes use on any model
+
+    @property
+    def skip_output_layer(self) -> bool:
+        """Whether ``forward`` returns the final hidden states instead of logits (the decoder's setting)."""
+        return self.decoder.skip_output_layer
+
+    @skip_output_layer.setter
+    def skip_output_layer(self, value: bool) -> None:
+        self.decoder.skip_output_layer = value
+
+    @property
+    def output(self) -> nn.Module:
+        """The decoder's output projection."""
+        return self.decoder.output
+
+    @property
+    def tok_embeddings(self) -> nn.Embedding:
+        """The decoder's token embeddings."""
+        return self.decoder.tok_embeddings
+
+    def set_num_output_chunks(self, num_output_chunks: int) -> None:
+        """See :meth:`TransformerDecoder.set_num_output_chunks`."""
+        self.decoder.set_num_output_chunks(num_output_chunks)
+
+    def setup_caches(
+        self,
+        batch_size: int,
+        dtype: torch.dtype,
+        *,
+        encoder_max_seq_len: int | None = None,
+        decoder_max_seq_len: int | None = None,
+    ) -> None:
+        """Allocates the decoder's KV caches (``encoder_max_seq_len`` is accepted for torchtune's signature; the
+        image vectors sit in the decoder's own sequence, so there is no encoder cache)."""
+        self.decoder.setup_caches(batch_size, dtype, decoder_max_seq_len=decoder_max_seq_len)
+
+    def caches_are_setup(self) -> bool:
+        """Whether the decoder's KV caches are set up."""
+        return self.decoder.caches_are_setup()
+
+    def caches_are_enabled(self) -> bool:
+        """Whether the decoder's KV caches are set up and in use."""
+        return self.decoder.caches_are_enabled()
+
+    def reset_caches(self) -> None:
+        """Empties the decoder's KV caches."""
+        self.decoder.reset_caches()
+
+    def delete_caches(self) -> None:
+        """Removes the decoder's KV caches."""
+        self.decoder.delete_caches()
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        encoder_input: dict[str, torch.Tensor] | None = None,
+        encoder_mask: torch.Tensor | None = None,
+        input_pos: torch.Tensor | None = None,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Computes logits (or what ``decoder``'s output settings ask for) of a batch with images.
+
+        Args:
+            tokens (torch.Tensor): [b, s] int64 token ids, with one image token per merge block of each image.
+            mask (torch.Tensor | None): [b, s, s] bool, True where a query may attend a key (padding, packed
+                documents); None for causal attention.
+            encoder_input (dict[str, torch.Tensor] | None): ``pixel_values`` [n_patches, patch_dim] and
+                ``image_grid_thw`` [n_images, 3] int64 of the batch's images in row order (the image processor's
+                output); None for a text-only batch.
+            encoder_mask (torch.Tensor | None): unused (the image tokens are in the decoder's sequence); accepted so
+                every vision-language model takes the same arguments.
+            input_pos (torch.Tensor | None): [b, s] int64 text positions (per document for packed rows, from the
+                padding for left-padded ones), from which the three M-RoPE positions are computed; or the M-RoPE
+                positions themselves as [3, b, s]; None for ``0..s-1``.
+
+        Returns:
+            torch.Tensor | list[torch.Tensor]: [b, s, vocab_size] float32 logits, as ``TransformerDecoder``.
+
+        Raises:
+            ValueError: if the image tokens do not match the images, or ``encoder_input`` lacks a key.
+        """
+        is_image = tokens == self.image_token_id
+        h = self.decoder.embed(tokens)
+        if encoder_input is None:
+            if bool(is_image.any()):
+                raise ValueError(
+                    f"The tokens hold {int(is_image.sum())} image tokens but no encoder_input (pixel_values and "
+                    "image_grid_thw) was given."
+                )
+            return self.decoder(input_embeds=h, mask=mask, input_pos=input_pos)
+        missing = {"pixel_values", "image_grid_thw"} - set(encoder_input)
+        if missing:
+            raise ValueError(
+                f"encoder_input lacks {sorted(missing)}; Qwen2.5-VL takes the image processor's pixel_values and "
+                "image_grid_thw."
+            )
+        grid_thw = encoder_input["image_grid_thw"]
+        features = self.encoder(encoder_input["pixel_values"], grid_thw)  # [n_image_tokens, embed_dim]
+        num_image_tokens = int(is_image.sum())
+        if num_image_tokens != features.shape[0]:
+            raise ValueError(
+                f"The tokens hold {num_image_tokens} image tokens, but the images (image_grid_thw "
+                f"{grid_thw.tolist()}) give {features.shape[0]} vectors."
+            )
+        h = h.masked_scatter(is_image[..., None], features.to(h.dtype))
+        if input_pos is None or input_pos.dim() == 2:
+            input_pos = mrope_positions(is_image, grid_thw, self.encoder.merge_size, input_pos)
+        return self.decoder(input_embeds=h, mask=mask, input_pos=input_pos)
+
+
+def mrope_positions(
+    is_image: torch.Tensor,
+    image_grid_thw: torch.Tensor,
+    merge_size: int = 2,
+    input_pos: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The three M-RoPE positions (temporal, height, width) of a batch with images, as transformers'
+    ``get_rope_index`` computes them for the real tokens.
+
+    A sequence is a run of tokens whose ``input_pos`` counts up by one; a packed row holds several, a padding token
+    of a left-padded row (position 0) is one of its own. In a sequence, text tokens take their ``input_pos`` plus
+    the shift of the images before them; each image shifts what follows by ``max(rows, cols) - num_tokens`` (its
+    merged grid's larger side, less its tokens); an image's tokens take the position where it starts plus their
+    frame, row and column.
+
+    Args:
+        is_image (torch.Tensor): [b, s] bool, True at image tokens; the images' tokens row after row.
+        image_grid_thw (torch.Tensor): [n_images, 3] int64 patch grids of the images, in that order.
+        merge_size (int): side of a merge block in patches. Default 2.
+        input_pos (torch.Tensor | None): [b, s] int64 text positions; None for ``0..s-1`` in every row.
+
+    Returns:
+        torch.Tensor: [3, b, s] int64.
+
+    Raises:
+        ValueError: if the image tokens do not fill the images exactly, or an image runs across rows.
+    """
+    batch_size, seq_len = is_image.shape
+    device = is_image.device
+    if input_pos is None:
+        input_pos = torch.arange(seq_len, device=device).expand(batch_size, seq_len)
+    grid = image_grid_thw.to(device)
+    frames, rows, cols = grid[:, 0], grid[:, 1] // merge_size, grid[:, 2] // merge_size
+    counts = frames * rows * cols  # image tokens per image
+    ends = counts.cumsum(0)
+    row_ends = is_image.sum(1).cumsum(0)
+    if int(row_ends[-1]) != int(ends[-1]) or not bool(torch.isin(row_ends[is_image.any(1)], ends).all()):
+        raise ValueError(
+            f"The image tokens of each row must make up whole images: rows hold {is_image.sum(1).tolist()} image "
+            f"tokens, the images (image_grid_thw {image_grid_thw.tolist()}) take {counts.tolist()}."
+        )
+    flat = is_image.flatten()
+    ordinal = flat.long().cumsum(0) - 1  # index among all image tokens
+    image = torch.searchsorted(ends, ordinal.clamp(min=0), right=True).clamp(max=len(counts) - 1)
+    offset = torch.where(flat, ordinal - (ends - counts)[image], 0)  # index within its image
+    frame = offset // (rows * cols)[image]
+    row = offset // cols[image] % rows[image]
+    col = offset % cols[image]
+    # after its last token, an image moves the positions on by its grid's larger side instead of its token count
+    advance = torch.maximum(rows, cols) - counts
+    is_last = flat & (offset == counts[image] - 1)
+    increment = torch.where(is_last, advance[image], 0).view(batch_size, seq_len)
+    before = increment.cumsum(1) - increment  # the shift of the images that ended before each token
+    index = torch.arange(seq_len, device=device).expand(batch_size, seq_len)
+    starts = torch.ones_like(is_image)
+    starts[:, 1:] = input_pos[:, 1:] != input_pos[:, :-1] + 1
+    sequence_start = torch.where(starts, index, 0).cummax(dim=1).values
+    shift = before - before.gather(1, sequence_start)  # only images of the token's own sequence count
+    text = input_pos + shift
+    image_start = text - offset.view(batch_size, seq_len)
+    grid_pos = torch.stack((frame, row, col)).view(3, batch_size, seq_len)
+    return torch.where(is_image, image_start + grid_pos, text)
