@@ -731,8 +731,12 @@ class VisionSize:
     collate: str
     single: tuple[str, ...]  # methods with a single-device config
     distributed: tuple[str, ...]  # methods with a multi-GPU config
+    fusion: str = "the projector"  # what fusion_trainable covers, in words
     image_size: int | None = None  # Llama 3.2 Vision's tile size, which the model and the transform share
     tokenizer_extra: str = ""  # more tokenizer lines
+    # what trains, as (decoder, encoder, fusion): the family's common practice (Llama 3.2 Vision: torchtune's)
+    full_trainable: tuple[bool, bool, bool] = (True, False, True)
+    lora_trainable: tuple[str, str, str] = ("lora", "frozen", "lora")
     repo: str = ""
 
     def __post_init__(self) -> None:
@@ -756,6 +760,9 @@ VISION_SIZES = [
         ("full", "lora", "qlora"),
         ("full", "lora", "qlora"),
         image_size=560,
+        fusion="the projection head and cross-attention layers",
+        full_trainable=(False, True, True),
+        lora_trainable=("frozen", "lora", "lora"),
     ),
     VisionSize(
         "llama3_2_vision",
@@ -768,6 +775,9 @@ VISION_SIZES = [
         (),
         ("full", "lora", "qlora"),
         image_size=560,
+        fusion="the projection head and cross-attention layers",
+        full_trainable=(False, True, True),
+        lora_trainable=("frozen", "lora", "lora"),
     ),
     VisionSize(
         "qwen2_5_vl",
@@ -780,6 +790,7 @@ VISION_SIZES = [
         ("full", "lora", "qlora"),
         (),
         tokenizer_extra=_QWEN_PIXELS,
+        fusion="the patch merger",
     ),
     VisionSize(
         "qwen2_5_vl",
@@ -792,6 +803,7 @@ VISION_SIZES = [
         ("lora", "qlora"),
         ("full", "lora"),
         tokenizer_extra=_QWEN_PIXELS,
+        fusion="the patch merger",
     ),
     VisionSize(
         "qwen2_5_vl",
@@ -804,6 +816,7 @@ VISION_SIZES = [
         (),
         ("lora",),
         tokenizer_extra=_QWEN_PIXELS,
+        fusion="the patch merger",
     ),
     VisionSize(
         "qwen2_5_vl",
@@ -816,6 +829,7 @@ VISION_SIZES = [
         (),
         ("qlora",),
         tokenizer_extra=_QWEN_PIXELS,
+        fusion="the patch merger",
     ),
     VisionSize(
         "gemma3_vision",
@@ -827,6 +841,7 @@ VISION_SIZES = [
         _FLAT,
         ("full", "lora", "qlora"),
         (),
+        lora_trainable=("lora", "frozen", "frozen"),
     ),
     VisionSize(
         "gemma3_vision",
@@ -838,6 +853,7 @@ VISION_SIZES = [
         _FLAT,
         ("lora", "qlora"),
         ("full", "lora"),
+        lora_trainable=("lora", "frozen", "frozen"),
     ),
     VisionSize(
         "gemma3_vision",
@@ -849,6 +865,7 @@ VISION_SIZES = [
         _FLAT,
         ("qlora",),
         ("lora",),
+        lora_trainable=("lora", "frozen", "frozen"),
     ),
 ]
 
@@ -858,20 +875,22 @@ def _vision_model(v: VisionSize, method: str) -> str:
         f"  image_size: {v.image_size}  # the tile size: the same as tokenizer.image_size\n" if v.image_size else ""
     )
     if method == "full":
+        decoder, encoder, fusion = v.full_trainable
         return (
             "model:\n"
             f"  _component_: tune.models.{v.family}.{v.builder}\n"
-            "  decoder_trainable: False  # the language model stays as it is\n"
-            "  encoder_trainable: True  # the vision encoder\n"
-            "  fusion_trainable: True  # what joins them: the projector or cross-attention layers\n" + image_size
+            f"  decoder_trainable: {decoder}  # the language model\n"
+            f"  encoder_trainable: {encoder}  # the vision encoder\n"
+            f"  fusion_trainable: {fusion}  # what joins them: {v.fusion}\n" + image_size
         )
     prefix = "qlora_" if method == "qlora" else "lora_"
+    decoder, encoder, fusion = v.lora_trainable
     return (
         "model:\n"
         f"  _component_: tune.models.{v.family}.{prefix}{v.builder}\n"
-        "  decoder_trainable: frozen  # frozen, lora or full, for each part\n"
-        "  encoder_trainable: lora\n"
-        "  fusion_trainable: lora\n"
+        f"  decoder_trainable: {decoder}  # the language model: frozen or lora (a LoRA recipe trains adapters only)\n"
+        f"  encoder_trainable: {encoder}  # the vision encoder\n"
+        f"  fusion_trainable: {fusion}  # {v.fusion}\n"
         "  lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']\n"
         "  apply_lora_to_mlp: True\n"
         "  apply_lora_to_output: False\n"

@@ -37,8 +37,17 @@ def prepare_lora_model(
         (``r``, ``lora_alpha``, ... as built: :func:`tune.modules.peft.get_adapter_config`).
 
     Raises:
-        ValueError: when the model has no LoRA/DoRA layer (a recipe reports it at ``model._component_``).
+        ValueError: when the model has no LoRA/DoRA layer, or has parts a vision-language LoRA builder was asked to
+            train in full (its ``trainable_parts``); a recipe reports it at ``model._component_``.
     """
+    full_parts = [name for name, choice in getattr(model, "trainable_parts", {}).items() if choice == "full"]
+    if full_parts:
+        raise ValueError(
+            f"builds a vision-language model whose {', '.join(full_parts)} part(s) train in full "
+            f"({', '.join(f'{name}_trainable=full' for name in full_parts)}), but a LoRA recipe trains and saves "
+            "adapters only. Set each to 'lora' or 'frozen', or train whole parts with the full builder and "
+            + (full_recipe or "a full fine-tuning recipe")
+        )
     adapter_params = get_adapter_params(model)
     if not adapter_params:
         fixes = ["Use a lora_*/qlora_* builder"]

@@ -199,6 +199,8 @@ def lora_gemma3_vision(
     )  # fmt: skip
     model = _assemble(encoder, decoder, mm_tokens_per_image, image_token_id, vision_norm_eps)
     _set_trainable(model, decoder_choice, encoder_choice, fusion_choice)
+    # read by the LoRA recipes, which train and save adapters only (tune.training.prepare_lora_model)
+    model.trainable_parts = {"decoder": decoder_choice, "encoder": encoder_choice, "fusion": fusion_choice}
     return model
 
 

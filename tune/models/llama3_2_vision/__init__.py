@@ -29,8 +29,7 @@ from tune.registry import ModelFamily
 
 FAMILY = ModelFamily(
     name="llama3_2_vision",
-    # the lead adds llama3_2_vision_transform (_transform.py) here
-    tokenizer=None,
+    tokenizer=llama3_2_vision_transform,
     builders=family_builders(_component_builders, _model_builders),
     hf_to_tune=llama3_2_vision_hf_to_tune,
     tune_to_hf=llama3_2_vision_tune_to_hf,

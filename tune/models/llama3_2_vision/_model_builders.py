@@ -107,6 +107,8 @@ def _lora(name: str, image_size: int, parts: Mapping[str, str], lora_args: Mappi
     # "lora" parts train their adapters only (the base weights stay frozen, as set above)
     for param in get_adapter_params(model).values():
         param.requires_grad_(True)
+    # read by the LoRA recipes, which train and save adapters only (tune.training.prepare_lora_model)
+    model.trainable_parts = {"decoder": decoder_type.value, "encoder": encoder_type.value, "fusion": fusion_type.value}
     return model
 
 

@@ -2,7 +2,6 @@
 declaration."""
 
 from tune.models._family import family_builders
-from tune.models.qwen2_5 import qwen2_5_tokenizer
 from tune.models.qwen2_5_vl import _component_builders, _model_builders
 from tune.models.qwen2_5_vl._component_builders import lora_qwen2_5_vl, qwen2_5_vl, qwen2_5_vl_vision_encoder
 from tune.models.qwen2_5_vl._convert_weights import (
@@ -37,7 +36,7 @@ FAMILY = ModelFamily(
     name="qwen2_5_vl",
     # Qwen2.5's tokenizer for now: the vocabulary and special tokens (<|image_pad|>, <|vision_start|>, ...) are
     # the same
-    tokenizer=qwen2_5_tokenizer,
+    tokenizer=qwen2_5_vl_transform,
     builders=family_builders(_component_builders, _model_builders),
     hf_to_tune=qwen2_5_vl_hf_to_tune,
     tune_to_hf=qwen2_5_vl_tune_to_hf,

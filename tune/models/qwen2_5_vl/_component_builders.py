@@ -406,10 +406,13 @@ def lora_qwen2_5_vl(
             f"apply_lora_to_output=True adapts the language model, but decoder_trainable is "
             f"{choices['decoder_trainable']!r}; set decoder_trainable='lora' or apply_lora_to_output=False."
         )
-    return _qwen2_5_vl(
+    model = _qwen2_5_vl(
         **arguments,
         **choices,
         lora=spec if choices["encoder_trainable"] == "lora" else None,
         decoder_lora=spec if choices["decoder_trainable"] == "lora" else None,
         fusion_lora=spec if choices["fusion_trainable"] == "lora" else None,
     )
+    # read by the LoRA recipes, which train and save adapters only (tune.training.prepare_lora_model)
+    model.trainable_parts = {name.removesuffix("_trainable"): choice for name, choice in choices.items()}
+    return model
