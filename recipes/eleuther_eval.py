@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from tune import config, training, utils
+from tune.data import Message
 from tune.generation import generate
 from tune.modules.peft import get_adapter_params, validate_lora_state_dict_load
 
@@ -165,6 +166,19 @@ class EleutherEvalRecipe:
 
     def setup(self, cfg: DictConfig) -> None:
         """Builds the model with its weights (adapter unmerged) and the tokenizer."""
+        self._tokenizer = config.instantiate(cfg.tokenizer)
+        if callable(self._tokenizer) and "encoder_input" in self._tokenizer(
+            {"messages": [Message(role="user", content="Hi")]}, inference=True
+        ):  # a vision-language model's transform: the model needs images this recipe cannot give it
+            raise config.ConfigError(
+                config.ConfigProblem(
+                    "tokenizer._component_",
+                    f"is {cfg.tokenizer._component_}, a vision-language model transform, but eleuther_eval "
+                    "evaluates text models only (lm-eval's multimodal tasks such as mmmu_val are not supported "
+                    "yet): run `lm_eval --model hf-multimodal --model_args pretrained=CHECKPOINT_DIR --tasks "
+                    "mmmu_val_science` on the Hugging Face checkpoint, or tune run generate with images",
+                )
+            )
         ckpt = self.load_checkpoint(cfg.checkpointer)
         with training.set_default_dtype(self._dtype), self._device:
             model = config.instantiate(cfg.model)
@@ -184,7 +198,6 @@ class EleutherEvalRecipe:
         else:
             model.load_state_dict(ckpt[training.MODEL_KEY])
         self._model = model.eval()
-        self._tokenizer = config.instantiate(cfg.tokenizer)
 
     def evaluate(self) -> dict[str, Any]:
         """Runs the tasks; prints the harness's table, writes ``output_dir/eleuther_eval_results.json`` and

@@ -5,8 +5,13 @@ or a whole conversation in ``messages``. With a LoRA model builder in ``model`` 
 checkpointer (``adapter_checkpoint``, our own or a Hugging Face PEFT ``adapter_model.safetensors``), the base
 weights and the adapter are loaded side by side and the adapter runs unmerged.
 
+A vision-language model takes images in the prompt, with its model transform as ``tokenizer``: torchtune's
+``prompt.user: {image: PATH_OR_URL, text: ...}``, or image parts in ``messages``
+(``content: [{type: image, content: PATH_OR_URL}, {type: text, content: ...}]``).
+
     tune run generate --config generation prompt.user="Tell me a joke."
     tune run generate --config generation temperature=0 max_new_tokens=64
+    tune run generate --config qwen2_5_vl/3B_generation prompt.user.image=cat.png prompt.user.text="What is it?"
 """
 
 import sys
@@ -17,11 +22,14 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tune import config, training, utils
-from tune.data import Message
+from tune.data import Message, load_image, padded_collate_images, padded_collate_tiled_images_and_mask
 from tune.generation import generate
 from tune.modules.peft import get_adapter_params, validate_lora_state_dict_load
 
-RECIPE_INFO = {"supports_distributed": False, "configs": ["generation", "*/generation", "*/*_generation"]}
+RECIPE_INFO = {
+    "supports_distributed": False,
+    "configs": ["generation", "*/generation", "*/*_generation", "*/*_generation_v2"],
+}
 
 log = utils.get_logger(name="tune.recipes.generate")
 
@@ -92,6 +100,16 @@ class InferenceRecipe:
         self._model = model.eval()
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._messages = self._prompt_messages(cfg)
+        self._has_images = any(m.contains_media for m in self._messages)
+        if self._has_images and not _takes_images(self._tokenizer):
+            raise config.ConfigError(
+                config.ConfigProblem(
+                    "tokenizer._component_",
+                    f"is {cfg.tokenizer._component_}, a text tokenizer, but the prompt holds an image: use a "
+                    "vision-language model and its model transform (e.g. tune.models.qwen2_5_vl.qwen2_5_vl_transform), "
+                    "or drop the image",
+                )
+            )
 
     def _prompt_messages(self, cfg: DictConfig) -> list[Message]:
         messages_cfg = cfg.get("messages", None)  # ours: a whole conversation instead of prompt.system/user
@@ -106,13 +124,26 @@ class InferenceRecipe:
                         items,
                     )
                 )
-            return [Message(role=m["role"], content=m["content"]) for m in items]
+            return [Message(role=m["role"], content=_load_images(m["content"])) for m in items]
         if isinstance(prompt_cfg, str):
             return [Message(role="user", content=prompt_cfg)]
         if isinstance(prompt_cfg, DictConfig) and prompt_cfg.get("user") is not None:
             system = prompt_cfg.get("system", None)
             head = [Message(role="system", content=system)] if system else []
-            return head + [Message(role="user", content=prompt_cfg.user)]
+            user = prompt_cfg.user
+            if isinstance(user, DictConfig):  # torchtune's {image: PATH_OR_URL, text: ...}: the image first
+                unknown = sorted(set(user) - {"image", "text"})
+                if unknown or user.get("text") is None:
+                    raise config.ConfigError(
+                        config.ConfigProblem(
+                            "prompt.user", "takes text, or {image: PATH_OR_URL, text: ...} with text set", user
+                        )
+                    )
+                parts = [{"type": "text", "content": user.text}]
+                if user.get("image") is not None:
+                    parts.insert(0, {"type": "image", "content": user.image})
+                return head + [Message(role="user", content=_load_images(parts))]
+            return head + [Message(role="user", content=user)]
         raise config.ConfigError(
             config.ConfigProblem(
                 "prompt",
@@ -123,12 +154,13 @@ class InferenceRecipe:
     @torch.inference_mode()
     def generate(self) -> str:
         """Generates the continuation of the configured prompt, logs speed and returns the text."""
-        tokens, _ = self._tokenizer.tokenize_messages(self._messages, add_end_tokens=False)
+        prompt, images = self._prompt_batch()
+        tokens = prompt[0].tolist()
         rng = torch.Generator(device=self._device).manual_seed(self._seed)
         start = time.perf_counter()
         generated, _ = generate(
             self._model,
-            torch.tensor(tokens, dtype=torch.long, device=self._device),
+            prompt,
             max_generated_tokens=self._max_new_tokens,
             pad_id=self._tokenizer.pad_id,
             temperature=self._temperature,
@@ -138,6 +170,7 @@ class InferenceRecipe:
             rng=rng,
             return_logits=False,
             use_cache=self._enable_kv_cache,
+            **images,
         )
         generated = generated[0, len(tokens) :].tolist()  # the prompt comes first
         elapsed = time.perf_counter() - start
@@ -147,6 +180,41 @@ class InferenceRecipe:
         print(text, flush=True)
         log.info("Generated %d tokens in %.2f s (%.1f tokens/s).", len(generated), elapsed, len(generated) / elapsed)
         return text
+
+    def _prompt_batch(self) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The prompt as a batch of one [1, s] (an open assistant turn), and ``generate``'s image arguments."""
+        if not self._has_images:
+            tokens, _ = self._tokenizer.tokenize_messages(self._messages, add_end_tokens=False)
+            return torch.tensor([tokens], dtype=torch.long, device=self._device), {}
+        sample = self._tokenizer({"messages": self._messages}, inference=True)
+        if "encoder_mask" in sample:  # cross-attention (Llama 3.2 Vision): tiled images and their masks
+            batch = padded_collate_tiled_images_and_mask([sample], self._tokenizer.pad_id, pad_direction="left")
+        else:  # the image vectors take the image tokens' places (Qwen2.5-VL, Gemma 3); no labels to train
+            sample = {**sample, "labels": sample["tokens"]}
+            batch = padded_collate_images([sample], self._tokenizer.pad_id)
+        images = {key: batch[key] for key in ("encoder_input", "encoder_mask") if batch.get(key) is not None}
+        if "encoder_input" in images:  # pixels in the model's dtype
+            images["encoder_input"] = {
+                key: value.to(self._dtype) if value.is_floating_point() else value
+                for key, value in images["encoder_input"].items()
+            }
+        return batch["tokens"].to(self._device), training.batch_to_device(images, self._device)
+
+
+def _takes_images(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` is a vision-language model transform: called on a sample, it gives ``encoder_input``."""
+    if not callable(tokenizer):
+        return False
+    return "encoder_input" in tokenizer({"messages": [Message(role="user", content="Hi")]}, inference=True)
+
+
+def _load_images(content: Any) -> Any:
+    """Message content with every image part's path or URL loaded (``tune.data.load_image``)."""
+    if isinstance(content, str):
+        return content
+    return [
+        {**part, "content": load_image(part["content"])} if part.get("type") == "image" else part for part in content
+    ]
 
 
 @config.parse

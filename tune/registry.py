@@ -47,10 +47,14 @@ class AdapterConverter:
             weights (no prefix), the alpha of tune's LoRA layers and each module's PEFT scaling (``alpha / r``),
             returns the weights it did not handle and the tune adapter weights it made; raises ``ValueError`` when
             a module cannot be split exactly.
+        exact_targets (bool): PEFT's ``target_modules`` lists each adapted module's full name instead of the last
+            parts of the names, for a model with modules of those names that carry no adapter (a vision tower's
+            ``gate_proj``) or whose adapted modules have bare indices as names (``merger.mlp.0``). Default False.
     """
 
     to_peft: Callable[..., Any]
     from_peft: Callable[..., Any]
+    exact_targets: bool = False
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,9 @@ class VisionTransformer(nn.Module):
             aspect_ratio = torch.ones(n, 2, dtype=torch.long, device=images.device)
         aspect_ratio = aspect_ratio.reshape(n, 2)
         # patches: [n * tiles, dim, grid, grid] -> [n, tiles, patches, dim]
-        x = self.conv(images.reshape(n * num_tiles, channels, self.tile_size, self.tile_size))
+        # the image transform gives float32 tiles; the encoder may run in bf16
+        tiles = images.reshape(n * num_tiles, channels, self.tile_size, self.tile_size).to(self.conv.weight.dtype)
+        x = self.conv(tiles)
         x = x.flatten(2).transpose(1, 2).reshape(n, num_tiles, self.patches_per_tile, self.embed_dim)
         if self.pre_tile_pos_embed is not None:
             x = self.pre_tile_pos_embed(x, aspect_ratio)

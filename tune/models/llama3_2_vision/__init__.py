@@ -5,18 +5,22 @@ from tune.models.llama3_2_vision import _component_builders, _model_builders
 from tune.models.llama3_2_vision._component_builders import (
     Llama3VisionEncoder,
     Llama3VisionProjectionHead,
+    LoRATrainable,
+    llama3_2_vision,
     llama3_2_vision_decoder,
     llama3_2_vision_encoder,
+    lora_llama3_2_vision,
     lora_llama3_2_vision_decoder,
     lora_llama3_2_vision_encoder,
 )
 from tune.models.llama3_2_vision._convert_weights import (
+    llama3_2_vision_adapter_to_peft,
     llama3_2_vision_from_hf_config,
     llama3_2_vision_hf_to_tune,
+    llama3_2_vision_peft_to_adapter,
     llama3_2_vision_tune_to_hf,
 )
 from tune.models.llama3_2_vision._model_builders import (
-    LoRATrainable,
     llama3_2_vision_11b,
     llama3_2_vision_90b,
     lora_llama3_2_vision_11b,
@@ -25,7 +29,7 @@ from tune.models.llama3_2_vision._model_builders import (
     qlora_llama3_2_vision_90b,
 )
 from tune.models.llama3_2_vision._transform import Llama3VisionTransform, llama3_2_vision_transform
-from tune.registry import ModelFamily
+from tune.registry import AdapterConverter, ModelFamily
 
 FAMILY = ModelFamily(
     name="llama3_2_vision",
@@ -38,6 +42,11 @@ FAMILY = ModelFamily(
     # torchtune's configs say model_type: LLAMA3_VISION
     aliases=("llama3_vision",),
     sizes=_model_builders.MODEL_SIZES,
+    # PEFT names the adapted modules by transformers' module tree, each one in full: the frozen language model's
+    # q_proj carries no adapter where the cross-attention's does
+    adapter_converter=AdapterConverter(
+        to_peft=llama3_2_vision_adapter_to_peft, from_peft=llama3_2_vision_peft_to_adapter, exact_targets=True
+    ),
 )
 
 __all__ = [
@@ -45,14 +54,18 @@ __all__ = [
     "Llama3VisionProjectionHead",
     "Llama3VisionTransform",
     "LoRATrainable",
+    "llama3_2_vision",
     "llama3_2_vision_11b",
     "llama3_2_vision_90b",
+    "llama3_2_vision_adapter_to_peft",
     "llama3_2_vision_decoder",
     "llama3_2_vision_encoder",
     "llama3_2_vision_from_hf_config",
     "llama3_2_vision_hf_to_tune",
+    "llama3_2_vision_peft_to_adapter",
     "llama3_2_vision_tune_to_hf",
     "llama3_2_vision_transform",
+    "lora_llama3_2_vision",
     "lora_llama3_2_vision_11b",
     "lora_llama3_2_vision_90b",
     "lora_llama3_2_vision_decoder",

@@ -9,12 +9,17 @@ the first 32 layers and projected linearly into the language model's width. The 
 with a cross-attention layer before every ``fusion_interval``-th layer and 8 new token embeddings
 (``<|image|>`` and reserved tokens).
 
+:func:`llama3_2_vision` and :func:`lora_llama3_2_vision` build the whole model from its dimensions (the released
+sizes' builders call them with a row of ``MODEL_SIZES``).
+
 "Fusion" parameters (trained or frozen together, ``tune.modules.model_fusion.get_fusion_params``) are, as in
 torchtune: the global layers and the projection (torchtune's projection head), the cross-attention layers and the
 new token embeddings.
 """
 
 from collections.abc import Sequence
+from enum import Enum
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,8 +35,8 @@ from tune.modules import (
     TransformerDecoder,
     VisionTransformer,
 )
-from tune.modules.model_fusion import FusionEmbedding, FusionLayer, register_fusion_module
-from tune.modules.peft import DoRALinear, LoRALinear
+from tune.modules.model_fusion import DeepFusionModel, FusionEmbedding, FusionLayer, register_fusion_module
+from tune.modules.peft import DoRALinear, LoRALinear, get_adapter_params
 
 # Meta's encoder pads each tile's tokens to a multiple of this before its layers
 _TOKEN_PADDING = 8
@@ -483,3 +488,219 @@ def _cross_attention_layer(
         ca_scale=TanhGate(),
         mlp_scale=TanhGate(),
     )
+
+
+class LoRATrainable(Enum):
+    """How a part of a LoRA vision-language model trains (torchtune's ``LoRATrainable``)."""
+
+    FULL = "full"
+    LORA = "lora"
+    FROZEN = "frozen"
+
+
+def _trainable(value: str, name: str) -> LoRATrainable:
+    try:
+        return LoRATrainable(str(value).lower())
+    except ValueError:
+        choices = ", ".join(repr(choice.value) for choice in LoRATrainable)
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}.") from None
+
+
+def _encoder_args(
+    *,
+    patch_size: int,
+    vision_num_heads: int,
+    clip_embed_dim: int,
+    clip_num_layers: int,
+    clip_hidden_states: Sequence[int] | None,
+    num_layers_projection: int,
+    max_num_tiles: int,
+    image_size: int,
+    embed_dim: int,
+) -> dict[str, Any]:
+    """The model's vision settings -> keyword arguments of :func:`llama3_2_vision_encoder`."""
+    return dict(
+        patch_size=patch_size,
+        num_heads=vision_num_heads,
+        clip_embed_dim=clip_embed_dim,
+        clip_num_layers=clip_num_layers,
+        clip_hidden_states=list(clip_hidden_states) if clip_hidden_states is not None else None,
+        num_layers_projection=num_layers_projection,
+        max_num_tiles=max_num_tiles,
+        tile_size=image_size,
+        decoder_embed_dim=embed_dim,
+    )
+
+
+def llama3_2_vision(
+    *,
+    vocab_size: int,
+    num_layers: int,
+    fusion_interval: int,
+    num_special_tokens: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    encoder_max_seq_len: int,
+    patch_size: int,
+    vision_num_heads: int,
+    clip_embed_dim: int,
+    clip_num_layers: int,
+    clip_hidden_states: Sequence[int] | None,
+    num_layers_projection: int,
+    max_num_tiles: int = 4,
+    image_size: int = 560,
+    rope_base: float = 500_000.0,
+    intermediate_dim: int | None = None,
+    norm_eps: float = 1e-5,
+    scale_factor: float = 8.0,
+    decoder_trainable: bool = False,
+    encoder_trainable: bool = True,
+    fusion_trainable: bool = True,
+) -> DeepFusionModel:
+    """Llama 3.2 Vision of any size: the encoder and the language model joined by :class:`DeepFusionModel`.
+
+    The released sizes (``llama3_2_vision_11b``, ``llama3_2_vision_90b``) call this with a row of ``MODEL_SIZES``.
+
+    Args:
+        vocab_size, num_layers, fusion_interval, num_special_tokens, num_heads, num_kv_heads, embed_dim,
+            max_seq_len, encoder_max_seq_len, rope_base, intermediate_dim, norm_eps, scale_factor: the language
+            model's, as in :func:`llama3_2_vision_decoder`.
+        patch_size (int): side of an image patch in pixels (14).
+        vision_num_heads (int): attention heads of the encoder layers (16).
+        clip_embed_dim (int): encoder width (1280).
+        clip_num_layers (int): CLIP layers (32).
+        clip_hidden_states (Sequence[int] | None): CLIP layers whose input joins the encoder's output.
+        num_layers_projection (int): gated global layers after CLIP (8).
+        max_num_tiles (int): the most tiles per image. Default 4.
+        image_size (int): tile size in pixels (the image transform's). Default 560.
+        decoder_trainable (bool): train the language model's own weights. Default False.
+        encoder_trainable (bool): train the CLIP encoder's weights. Default True.
+        fusion_trainable (bool): train the fusion weights (global layers, projection, cross-attention layers, new
+            token embeddings). Default True.
+
+    Returns:
+        DeepFusionModel: the model, randomly initialised.
+    """
+    encoder = _encoder_args(
+        patch_size=patch_size, vision_num_heads=vision_num_heads, clip_embed_dim=clip_embed_dim,
+        clip_num_layers=clip_num_layers, clip_hidden_states=clip_hidden_states,
+        num_layers_projection=num_layers_projection, max_num_tiles=max_num_tiles, image_size=image_size,
+        embed_dim=embed_dim,
+    )  # fmt: skip
+    decoder = llama3_2_vision_decoder(
+        vocab_size=vocab_size, num_layers=num_layers, fusion_interval=fusion_interval,
+        num_special_tokens=num_special_tokens, num_heads=num_heads, num_kv_heads=num_kv_heads, embed_dim=embed_dim,
+        max_seq_len=max_seq_len, encoder_max_seq_len=encoder_max_seq_len, rope_base=rope_base,
+        intermediate_dim=intermediate_dim, norm_eps=norm_eps, scale_factor=scale_factor,
+    )  # fmt: skip
+    return DeepFusionModel(
+        decoder=decoder,
+        encoder=llama3_2_vision_encoder(**encoder),
+        decoder_trainable=decoder_trainable,
+        encoder_trainable=encoder_trainable,
+        fusion_trainable=fusion_trainable,
+    )
+
+
+def lora_llama3_2_vision(
+    lora_attn_modules: list[str],
+    decoder_trainable: str = "frozen",
+    encoder_trainable: str = "lora",
+    fusion_trainable: str = "lora",
+    apply_lora_to_mlp: bool = False,
+    apply_lora_to_output: bool = False,
+    lora_rank: int = 8,
+    lora_alpha: float = 16,
+    lora_dropout: float = 0.0,
+    use_dora: bool = False,
+    quantize_base: bool = False,
+    *,
+    vocab_size: int,
+    num_layers: int,
+    fusion_interval: int,
+    num_special_tokens: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    encoder_max_seq_len: int,
+    patch_size: int,
+    vision_num_heads: int,
+    clip_embed_dim: int,
+    clip_num_layers: int,
+    clip_hidden_states: Sequence[int] | None,
+    num_layers_projection: int,
+    max_num_tiles: int = 4,
+    image_size: int = 560,
+    rope_base: float = 500_000.0,
+    intermediate_dim: int | None = None,
+    norm_eps: float = 1e-5,
+    scale_factor: float = 8.0,
+) -> DeepFusionModel:
+    """:func:`llama3_2_vision` with LoRA adapters where a part is ``"lora"``.
+
+    Each of the three parts is ``"frozen"`` (no gradient), ``"lora"`` (adapters train, base weights frozen) or
+    ``"full"`` (every weight trains, no adapters).
+
+    Args:
+        lora_attn_modules (list[str]): attention projections to adapt, from ``q_proj, k_proj, v_proj, output_proj``.
+        decoder_trainable (str): the language model's own layers. Default ``"frozen"``.
+        encoder_trainable (str): the CLIP layers. Default ``"lora"``.
+        fusion_trainable (str): global layers, projection, cross-attention layers, new embeddings. Default
+            ``"lora"``.
+        apply_lora_to_mlp (bool): adapt the feed-forward layers too. Default False.
+        apply_lora_to_output (bool): adapt the output projections (decoder output, encoder projection). Default
+            False.
+        lora_rank (int): adapter rank. Default 8.
+        lora_alpha (float): adapter scale numerator. Default 16.
+        lora_dropout (float): dropout on the adapter input. Default 0.0.
+        use_dora (bool): DoRA instead of LoRA. Default False.
+        quantize_base (bool): NF4 base weights of the adapted layers (QLoRA). Default False.
+        vocab_size, num_layers, fusion_interval, num_special_tokens, num_heads, num_kv_heads, embed_dim,
+            max_seq_len, encoder_max_seq_len, patch_size, vision_num_heads, clip_embed_dim, clip_num_layers,
+            clip_hidden_states, num_layers_projection, max_num_tiles, image_size, rope_base, intermediate_dim,
+            norm_eps, scale_factor: as in :func:`llama3_2_vision`.
+
+    Returns:
+        DeepFusionModel: the model; its ``trainable_parts`` records the three choices.
+
+    Raises:
+        ValueError: for a part that is not ``"frozen"``, ``"lora"`` or ``"full"``, or an unknown attention module.
+    """
+    decoder_type = _trainable(decoder_trainable, "decoder_trainable")
+    encoder_type = _trainable(encoder_trainable, "encoder_trainable")
+    fusion_type = _trainable(fusion_trainable, "fusion_trainable")
+    fusion_lora = fusion_type is LoRATrainable.LORA
+    lora_args = dict(
+        lora_attn_modules=lora_attn_modules, apply_lora_to_mlp=apply_lora_to_mlp,
+        apply_lora_to_output=apply_lora_to_output, lora_rank=lora_rank, lora_alpha=lora_alpha,
+        lora_dropout=lora_dropout, use_dora=use_dora, quantize_base=quantize_base,
+    )  # fmt: skip
+    encoder = _encoder_args(
+        patch_size=patch_size, vision_num_heads=vision_num_heads, clip_embed_dim=clip_embed_dim,
+        clip_num_layers=clip_num_layers, clip_hidden_states=clip_hidden_states,
+        num_layers_projection=num_layers_projection, max_num_tiles=max_num_tiles, image_size=image_size,
+        embed_dim=embed_dim,
+    )  # fmt: skip
+    decoder = lora_llama3_2_vision_decoder(
+        decoder_type is LoRATrainable.LORA, fusion_lora, **lora_args,
+        vocab_size=vocab_size, num_layers=num_layers, fusion_interval=fusion_interval,
+        num_special_tokens=num_special_tokens, num_heads=num_heads, num_kv_heads=num_kv_heads, embed_dim=embed_dim,
+        max_seq_len=max_seq_len, encoder_max_seq_len=encoder_max_seq_len, rope_base=rope_base,
+        intermediate_dim=intermediate_dim, norm_eps=norm_eps, scale_factor=scale_factor,
+    )  # fmt: skip
+    model = DeepFusionModel(
+        decoder=decoder,
+        encoder=lora_llama3_2_vision_encoder(encoder_type is LoRATrainable.LORA, fusion_lora, **lora_args, **encoder),
+        decoder_trainable=decoder_type is LoRATrainable.FULL,
+        encoder_trainable=encoder_type is LoRATrainable.FULL,
+        fusion_trainable=fusion_type is LoRATrainable.FULL,
+    )
+    # "lora" parts train their adapters only (the base weights stay frozen, as set above)
+    for param in get_adapter_params(model).values():
+        param.requires_grad_(True)
+    # read by the LoRA recipes, which train and save adapters only (tune.training.prepare_lora_model)
+    model.trainable_parts = {"decoder": decoder_type.value, "encoder": encoder_type.value, "fusion": fusion_type.value}
+    return model

@@ -331,3 +331,56 @@ def llama3_2_vision_tune_to_hf(state_dict: Mapping[str, Any], hf_config: Mapping
             converted.update({f"{_FILE_TEXT}layers.{index}.{name}": tensor for name, tensor in renamed.items()})
     converted.update(rename_keys(image, invert_rules(VISION_RULES), source="tune"))
     return converted
+
+
+# tune adapter suffix -> PEFT's
+_PEFT_SUFFIXES = {
+    "lora_a.weight": "lora_A.weight",
+    "lora_b.weight": "lora_B.weight",
+    "magnitude": "lora_magnitude_vector",
+}
+# the files' layout -> transformers 5's module tree (where PEFT looks for the modules of an adapter)
+_FILES_TO_TREE = (
+    (_FILE_HEAD, _TREE_HEAD),
+    (_FILE_TEXT, _TREE_TEXT),
+    ("vision_model.", "model.vision_model."),
+    ("multi_modal_projector.", "model.multi_modal_projector."),
+)
+
+
+def llama3_2_vision_adapter_to_peft(
+    adapter: Mapping[str, torch.Tensor], hf_config: Mapping[str, Any], lora_alpha: float
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, int], dict[str, float]]:
+    """tune's LoRA (DoRA) adapter weights -> PEFT's, named by transformers' module tree
+    (``model.vision_model.transformer.layers.0.self_attn.q_proj``, ``model.language_model.layers.3.cross_attn.q_proj``):
+    PEFT loads those names over ``MllamaForConditionalGeneration`` (it does not rename the files' layout of the
+    vision tower).
+
+    Returns:
+        tuple: no weights left to other converters, the PEFT weights (without ``base_model.model.``), each module's
+        rank, and no alpha overrides.
+    """
+    peft_state, ranks = {}, {}
+    for key, value in adapter.items():
+        module, suffix = next((key.removesuffix("." + s), s) for s in _PEFT_SUFFIXES if key.endswith("." + s))
+        (hf_key,) = llama3_2_vision_tune_to_hf({module + ".weight": value}, hf_config)
+        hf_module = hf_key.removesuffix(".weight")
+        for files, tree in _FILES_TO_TREE:
+            if hf_module.startswith(files):
+                hf_module = tree + hf_module.removeprefix(files)
+                break
+        peft_state[f"{hf_module}.{_PEFT_SUFFIXES[suffix]}"] = value
+        if suffix == "lora_a.weight":
+            ranks[hf_module] = value.shape[0]
+    return {}, peft_state, ranks, {}
+
+
+def llama3_2_vision_peft_to_adapter(
+    peft_state: Mapping[str, torch.Tensor],
+    hf_config: Mapping[str, Any],
+    lora_alpha: float,
+    scalings: Mapping[str, float],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """PEFT weights in either layout are mapped module by module by :func:`llama3_2_vision_hf_to_tune`: all are
+    passed on."""
+    return dict(peft_state), {}

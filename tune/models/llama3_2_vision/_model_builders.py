@@ -1,37 +1,16 @@
 """Llama 3.2 Vision model builders: the released sizes (11B and 90B, instruct and base share dimensions).
 
-``MODEL_SIZES`` holds each size's dimensions and the Hugging Face repo whose ``config.json`` they are: the language
-model's (keyword arguments of :func:`llama3_2_vision_decoder`) and the vision encoder's (those of
-:func:`llama3_2_vision_encoder`, prefixed as in ``_ENCODER_KEYS``). Both sizes share the encoder: CLIP ViT-H/14
-(1280 wide, 32 + 8 layers) at 560-pixel tiles, up to 4 tiles per image. ``llama3_2_vision_*`` builders take
-torchtune's three trainable switches; ``lora_*`` builders take ``"frozen" | "lora" | "full"`` for each part and
+``MODEL_SIZES`` holds each size's dimensions (keyword arguments of :func:`llama3_2_vision` and
+:func:`lora_llama3_2_vision`) and the Hugging Face repo whose ``config.json`` they are. Both sizes share the encoder:
+CLIP ViT-H/14 (1280 wide, 32 + 8 layers) at 560-pixel tiles, up to 4 tiles per image. ``llama3_2_vision_*`` builders
+take torchtune's three trainable switches; ``lora_*`` builders take ``"frozen" | "lora" | "full"`` for each part and
 torchtune's LoRA arguments; ``qlora_*`` builders are the ``lora_*`` ones with ``quantize_base=True``.
 """
 
-from collections.abc import Mapping
-from enum import Enum
-from typing import Any
-
 from tune.models._common import ModelSize, qlora_builder
-from tune.models.llama3_2_vision._component_builders import (
-    llama3_2_vision_decoder,
-    llama3_2_vision_encoder,
-    lora_llama3_2_vision_decoder,
-    lora_llama3_2_vision_encoder,
-)
+from tune.models.llama3_2_vision._component_builders import llama3_2_vision, lora_llama3_2_vision
 from tune.modules.model_fusion import DeepFusionModel
-from tune.modules.peft import get_adapter_params
 
-# table key -> llama3_2_vision_encoder argument
-_ENCODER_KEYS = {
-    "patch_size": "patch_size",
-    "vision_num_heads": "num_heads",
-    "clip_embed_dim": "clip_embed_dim",
-    "clip_num_layers": "clip_num_layers",
-    "clip_hidden_states": "clip_hidden_states",
-    "num_layers_projection": "num_layers_projection",
-    "max_num_tiles": "max_num_tiles",
-}
 _VISION = dict(
     patch_size=14, vision_num_heads=16, clip_embed_dim=1280, clip_num_layers=32,
     clip_hidden_states=(3, 7, 15, 23, 30), num_layers_projection=8, max_num_tiles=4,
@@ -53,63 +32,20 @@ MODEL_SIZES: dict[str, ModelSize] = {
 # fmt: on
 
 
-class LoRATrainable(Enum):
-    """How a part of a LoRA vision-language model trains (torchtune's ``LoRATrainable``)."""
-
-    FULL = "full"
-    LORA = "lora"
-    FROZEN = "frozen"
-
-
-def _split(dims: Mapping[str, Any], image_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A table row -> (encoder arguments, decoder arguments)."""
-    encoder = {arg: dims[key] for key, arg in _ENCODER_KEYS.items()}
-    encoder["clip_hidden_states"] = list(encoder["clip_hidden_states"])
-    encoder.update(tile_size=image_size, decoder_embed_dim=dims["embed_dim"])
-    decoder = {key: value for key, value in dims.items() if key not in _ENCODER_KEYS}
-    return encoder, decoder
-
-
 def _full(
     name: str, decoder_trainable: bool, encoder_trainable: bool, fusion_trainable: bool, image_size: int
 ) -> DeepFusionModel:
-    encoder, decoder = _split(MODEL_SIZES[name].dims, image_size)
-    return DeepFusionModel(
-        decoder=llama3_2_vision_decoder(**decoder),
-        encoder=llama3_2_vision_encoder(**encoder),
+    return llama3_2_vision(
+        **MODEL_SIZES[name].dims,
+        image_size=image_size,
         decoder_trainable=decoder_trainable,
         encoder_trainable=encoder_trainable,
         fusion_trainable=fusion_trainable,
     )
 
 
-def _trainable(value: str, name: str) -> LoRATrainable:
-    try:
-        return LoRATrainable(str(value).lower())
-    except ValueError:
-        choices = ", ".join(repr(choice.value) for choice in LoRATrainable)
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}.") from None
-
-
-def _lora(name: str, image_size: int, parts: Mapping[str, str], lora_args: Mapping[str, Any]) -> DeepFusionModel:
-    decoder_type = _trainable(parts["decoder_trainable"], "decoder_trainable")
-    encoder_type = _trainable(parts["encoder_trainable"], "encoder_trainable")
-    fusion_type = _trainable(parts["fusion_trainable"], "fusion_trainable")
-    encoder, decoder = _split(MODEL_SIZES[name].dims, image_size)
-    fusion_lora = fusion_type is LoRATrainable.LORA
-    model = DeepFusionModel(
-        decoder=lora_llama3_2_vision_decoder(decoder_type is LoRATrainable.LORA, fusion_lora, **lora_args, **decoder),
-        encoder=lora_llama3_2_vision_encoder(encoder_type is LoRATrainable.LORA, fusion_lora, **lora_args, **encoder),
-        decoder_trainable=decoder_type is LoRATrainable.FULL,
-        encoder_trainable=encoder_type is LoRATrainable.FULL,
-        fusion_trainable=fusion_type is LoRATrainable.FULL,
-    )
-    # "lora" parts train their adapters only (the base weights stay frozen, as set above)
-    for param in get_adapter_params(model).values():
-        param.requires_grad_(True)
-    # read by the LoRA recipes, which train and save adapters only (tune.training.prepare_lora_model)
-    model.trainable_parts = {"decoder": decoder_type.value, "encoder": encoder_type.value, "fusion": fusion_type.value}
-    return model
+def _lora(name: str, image_size: int, parts: dict[str, str], lora_args: dict[str, object]) -> DeepFusionModel:
+    return lora_llama3_2_vision(**parts, **lora_args, **MODEL_SIZES[name].dims, image_size=image_size)
 
 
 def llama3_2_vision_11b(

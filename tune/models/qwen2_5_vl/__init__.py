@@ -5,8 +5,10 @@ from tune.models._family import family_builders
 from tune.models.qwen2_5_vl import _component_builders, _model_builders
 from tune.models.qwen2_5_vl._component_builders import lora_qwen2_5_vl, qwen2_5_vl, qwen2_5_vl_vision_encoder
 from tune.models.qwen2_5_vl._convert_weights import (
+    qwen2_5_vl_adapter_to_peft,
     qwen2_5_vl_from_hf_config,
     qwen2_5_vl_hf_to_tune,
+    qwen2_5_vl_peft_to_adapter,
     qwen2_5_vl_tune_to_hf,
 )
 from tune.models.qwen2_5_vl._model import Qwen2_5_VisionLanguageModel, mrope_positions
@@ -30,7 +32,7 @@ from tune.models.qwen2_5_vl._transform import (
     qwen2_5_vl_transform,
     smart_resize,
 )
-from tune.registry import ModelFamily
+from tune.registry import AdapterConverter, ModelFamily
 
 FAMILY = ModelFamily(
     name="qwen2_5_vl",
@@ -42,6 +44,10 @@ FAMILY = ModelFamily(
     tune_to_hf=qwen2_5_vl_tune_to_hf,
     hf_model_types=("qwen2_5_vl",),
     from_hf_config=qwen2_5_vl_from_hf_config,
+    # PEFT names modules by transformers' module tree, whose vision tower has gate/up/down_proj of its own
+    adapter_converter=AdapterConverter(
+        to_peft=qwen2_5_vl_adapter_to_peft, from_peft=qwen2_5_vl_peft_to_adapter, exact_targets=True
+    ),
     aliases=(),
     sizes=_model_builders.MODEL_SIZES,
 )
@@ -67,8 +73,10 @@ __all__ = [
     "qwen2_5_vl_3b",
     "qwen2_5_vl_72b",
     "qwen2_5_vl_7b",
+    "qwen2_5_vl_adapter_to_peft",
     "qwen2_5_vl_from_hf_config",
     "qwen2_5_vl_hf_to_tune",
+    "qwen2_5_vl_peft_to_adapter",
     "qwen2_5_vl_tune_to_hf",
     "qwen2_5_vl_vision_encoder",
 ]

@@ -16,6 +16,7 @@ from tune.models._hf import hf_sliding_windows
 from tune.models.qwen2_5 import qwen2_hf_to_tune, qwen2_tune_to_hf
 from tune.models.qwen2_5_vl._component_builders import IMAGE_TOKEN_ID, _qwen2_5_vl, lora_qwen2_5_vl
 from tune.models.qwen2_5_vl._model import Qwen2_5_VisionLanguageModel
+from tune.utils import TuneError
 from tune.utils._state_dict_keys import invert_rules, rename_keys
 
 MODEL_TYPE = "qwen2_5_vl"
@@ -215,3 +216,77 @@ def qwen2_5_vl_from_hf_config(hf_config: Mapping[str, Any], **lora_kwargs: Any) 
         encoder_trainable=True,
         fusion_trainable=True,
     )
+
+
+class _NoPeftFormError(TuneError, ValueError):
+    """An adapter PEFT cannot hold (a user's choice of adapted modules): the CLI prints it as one line."""
+
+
+# tune's adapter parameter suffixes -> PEFT's
+_PEFT_SUFFIXES = {
+    "lora_a.weight": "lora_A.weight",
+    "lora_b.weight": "lora_B.weight",
+    "magnitude": "lora_magnitude_vector",
+}
+
+
+def _module_tree(module: str) -> str:
+    """A module name of the files' layout in transformers' module tree, where PEFT looks for it."""
+    if module.startswith("visual."):
+        return "model." + module
+    if module.startswith("model."):
+        return "model.language_model." + module.removeprefix("model.")
+    return module
+
+
+def qwen2_5_vl_adapter_to_peft(
+    adapter: Mapping[str, torch.Tensor], hf_config: Mapping[str, Any], lora_alpha: float
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, int], dict[str, float]]:
+    """tune's LoRA (DoRA) adapter weights -> PEFT's, named by transformers' module tree
+    (``model.language_model.layers.0.self_attn.q_proj``, ``model.visual.merger.mlp.0``), which PEFT loads over
+    ``Qwen2_5_VLForConditionalGeneration`` (it does not rename the files' layout).
+
+    Returns:
+        tuple: no weights left to other converters, the PEFT weights (without ``base_model.model.``), each module's
+        rank, and no alpha overrides.
+
+    Raises:
+        ValueError: for an adapter on a vision q/k/v projection, which transformers fuses into one ``qkv``.
+    """
+    peft_state, ranks = {}, {}
+    for key, value in adapter.items():
+        module, suffix = next((key.removesuffix("." + s), s) for s in _PEFT_SUFFIXES if key.endswith("." + s))
+        if _TUNE_QKV.match(module + ".weight"):
+            raise _NoPeftFormError(
+                f"Cannot save the adapter of {module} in PEFT's format: transformers fuses the vision q/k/v "
+                "projections into one qkv; keep model.encoder_trainable=frozen (or 'full'), or drop "
+                "q_proj/k_proj/v_proj from model.lora_attn_modules."
+            )
+        probe = {module + ".weight": torch.empty(0, device="meta")}
+        (hf_key,) = qwen2_5_vl_tune_to_hf(probe, hf_config)
+        hf_module = _module_tree(hf_key.removesuffix(".weight"))
+        peft_state[f"{hf_module}.{_PEFT_SUFFIXES[suffix]}"] = value
+        if suffix == "lora_a.weight":
+            ranks[hf_module] = value.shape[0]
+    return {}, peft_state, ranks, {}
+
+
+def qwen2_5_vl_peft_to_adapter(
+    peft_state: Mapping[str, torch.Tensor],
+    hf_config: Mapping[str, Any],
+    lora_alpha: float,
+    scalings: Mapping[str, float],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """PEFT weights are mapped module by module by :func:`qwen2_5_vl_hf_to_tune` (both layouts): passed on, but
+    for an adapter on the fused vision ``qkv``, which tune cannot split.
+
+    Raises:
+        ValueError: for an adapter on a vision ``qkv`` projection.
+    """
+    for key in peft_state:
+        if _QKV.match(_files_layout(key.split(".lora_", 1)[0]) + ".weight"):
+            raise ValueError(
+                f"Cannot load the PEFT adapter of {key.split('.lora_', 1)[0]}: a LoRA on the vision tower's fused "
+                "qkv projection has no exact split into tune's q_proj/k_proj/v_proj adapters."
+            )
+    return dict(peft_state), {}

@@ -19,8 +19,11 @@ class Qwen2_5_VisionLanguageModel(nn.Module):
     """Qwen2.5-VL: a vision encoder (with its patch merger) feeding a Qwen2.5 decoder with M-RoPE.
 
     The output settings of the language model (``skip_output_layer``, ``set_num_output_chunks``) and its KV caches
-    are those of ``decoder``; this module passes them through. Generation with a KV cache after images needs the
-    three positions of the new tokens as ``input_pos`` [3, b, s] (the image shift is not carried between calls).
+    are those of ``decoder``; this module passes them through.
+
+    Generation with a KV cache: the first call after ``setup_caches`` or ``reset_caches`` holds the whole prompt and
+    its images; the model remembers each row's shift of the text positions by its images (transformers'
+    ``rope_deltas``) and adds it to the ``[b, s]`` (or default) positions of the later calls, which take no images.
 
     Args:
         encoder (QwenVisionTransformer): images -> one vector per merge block, in the language model's width.
@@ -35,6 +38,7 @@ class Qwen2_5_VisionLanguageModel(nn.Module):
         self.encoder = encoder
         self.decoder = decoder
         self.image_token_id = image_token_id
+        self._rope_deltas: torch.Tensor | None = None  # [b]: set by a cached prompt with images
 
     # the decoder's output settings and caches, under the names the recipes use on any model
 
@@ -72,6 +76,7 @@ class Qwen2_5_VisionLanguageModel(nn.Module):
         """Allocates the decoder's KV caches (``encoder_max_seq_len`` is accepted for torchtune's signature; the
         image vectors sit in the decoder's own sequence, so there is no encoder cache)."""
         self.decoder.setup_caches(batch_size, dtype, decoder_max_seq_len=decoder_max_seq_len)
+        self._rope_deltas = None
 
     def caches_are_setup(self) -> bool:
         """Whether the decoder's KV caches are set up."""
@@ -84,10 +89,12 @@ class Qwen2_5_VisionLanguageModel(nn.Module):
     def reset_caches(self) -> None:
         """Empties the decoder's KV caches."""
         self.decoder.reset_caches()
+        self._rope_deltas = None
 
     def delete_caches(self) -> None:
         """Removes the decoder's KV caches."""
         self.decoder.delete_caches()
+        self._rope_deltas = None
 
     def forward(
         self,
@@ -111,7 +118,8 @@ class Qwen2_5_VisionLanguageModel(nn.Module):
                 every vision-language model takes the same arguments.
             input_pos (torch.Tensor | None): [b, s] int64 text positions (per document for packed rows, from the
                 padding for left-padded ones), from which the three M-RoPE positions are computed; or the M-RoPE
-                positions themselves as [3, b, s]; None for ``0..s-1``.
+                positions themselves as [3, b, s]; None for ``0..s-1`` (after the tokens in the KV cache). With a
+                KV cache, ``[b, s]`` positions after the prompt are shifted by the prompt's images.
 
         Returns:
             torch.Tensor | list[torch.Tensor]: [b, s, vocab_size] float32 logits, as ``TransformerDecoder``.
@@ -121,12 +129,17 @@ class Qwen2_5_VisionLanguageModel(nn.Module):
         """
         is_image = tokens == self.image_token_id
         h = self.decoder.embed(tokens)
+        cached = self._cached_tokens()
+        if cached and (input_pos is None or input_pos.dim() == 2):
+            input_pos = self._decoding_positions(tokens, cached, input_pos)
         if encoder_input is None:
             if bool(is_image.any()):
                 raise ValueError(
                     f"The tokens hold {int(is_image.sum())} image tokens but no encoder_input (pixel_values and "
                     "image_grid_thw) was given."
                 )
+            if cached == 0:
+                self._rope_deltas = None  # a text-only prompt: nothing to shift
             return self.decoder(input_embeds=h, mask=mask, input_pos=input_pos)
         missing = {"pixel_values", "image_grid_thw"} - set(encoder_input)
         if missing:
@@ -144,8 +157,27 @@ class Qwen2_5_VisionLanguageModel(nn.Module):
             )
         h = h.masked_scatter(is_image[..., None], features.to(h.dtype))
         if input_pos is None or input_pos.dim() == 2:
-            input_pos = mrope_positions(is_image, grid_thw, self.encoder.merge_size, input_pos)
+            text_pos = input_pos
+            input_pos = mrope_positions(is_image, grid_thw, self.encoder.merge_size, text_pos)
+            if cached == 0:
+                # the next token's position is one past the largest of the last one's three, not its text position
+                last = tokens.shape[1] - 1 if text_pos is None else text_pos[:, -1]
+                self._rope_deltas = input_pos[:, :, -1].max(dim=0).values - last
         return self.decoder(input_embeds=h, mask=mask, input_pos=input_pos)
+
+    def _cached_tokens(self) -> int | None:
+        """Tokens already in the KV caches; None when the caches are not in use."""
+        if not self.decoder.caches_are_enabled():
+            return None
+        return self.decoder.layers[0].attn.kv_cache.size
+
+    def _decoding_positions(self, tokens: torch.Tensor, cached: int, input_pos: torch.Tensor | None) -> torch.Tensor:
+        """[b, s] text positions of tokens after a cached prompt, shifted by the prompt's images."""
+        if input_pos is None:
+            input_pos = torch.arange(cached, cached + tokens.shape[1], device=tokens.device).expand_as(tokens)
+        if self._rope_deltas is None:
+            return input_pos
+        return input_pos + self._rope_deltas[:, None]
 
 
 def mrope_positions(

@@ -9,7 +9,7 @@ differ only in how keys are converted and which files they expect.
 import json
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -107,6 +107,24 @@ def _check_dirs(checkpoint_dir: Path, output_dir: Path) -> None:
 def _is_sequence_classifier(hf_config: Mapping[str, Any]) -> bool:
     # transformers' *ForSequenceClassification models keep their head as `score`, never tied to the embeddings
     return any(str(name).endswith("ForSequenceClassification") for name in hf_config.get("architectures") or ())
+
+
+def _model_part(module: str) -> str:
+    # the top-level part of an HF module name: `vision_tower` of `vision_tower.vision_model.encoder...`, and of
+    # `model.vision_tower.encoder...` (transformers 5's module tree)
+    names = module.split(".")
+    return names[1] if names[0] == "model" and len(names) > 2 else names[0]
+
+
+def _parts_without_adapters(adapted: Collection[str], modules: Collection[str]) -> list[str]:
+    """The top-level parts of the checkpoint that hold modules named like an adapted one (same last name) but no
+    adapter; none when an adapted module is not among ``modules`` (names in another layout than the files')."""
+    if not adapted or not set(adapted) <= set(modules):
+        return []
+    names = {module.rsplit(".", 1)[-1] for module in adapted}
+    adapted_parts = {_model_part(module) for module in adapted}
+    alike = {module for module in modules if module.rsplit(".", 1)[-1] in names and module not in adapted}
+    return sorted({_model_part(module) for module in alike} - adapted_parts)
 
 
 def _rename_head(state_dict: Mapping[str, torch.Tensor], old: str, new: str) -> dict[str, torch.Tensor]:
@@ -220,8 +238,9 @@ class _Checkpointer:
         """Keys of the input files that a written model carries over unchanged (none but in the HF format)."""
         return []
 
-    def _peft_excluded_modules(self) -> str | None:
-        """PEFT's ``exclude_modules`` for an adapter of this checkpoint (a regex on module names), or None."""
+    def _peft_excluded_modules(self, adapted: Collection[str]) -> str | None:
+        """PEFT's ``exclude_modules`` for an adapter of the HF modules ``adapted`` (a regex on module names), or
+        None."""
         return None
 
     # ----------------------------------------------------------------------------------------- input files
@@ -582,7 +601,7 @@ class _Checkpointer:
         save_expert_adapter(adapter, directory)
         # --- end MoE ---
         peft_config = self._peft_config(adapter_config, rank, ranks, alphas, use_dora)
-        excluded = self._peft_excluded_modules()
+        excluded = self._peft_excluded_modules(ranks)
         if excluded is not None:  # modules of the same names outside tune's model (a vision tower's q_proj)
             peft_config["exclude_modules"] = excluded
         save_json(peft_config, directory / keys.ADAPTER_CONFIG_FILE)
@@ -595,6 +614,8 @@ class _Checkpointer:
         alphas: Mapping[str, float],
         use_dora: bool,
     ) -> dict[str, Any]:
+        converter = self._family.adapter_converter if self._family is not None else None
+        exact = converter is not None and converter.exact_targets  # full module names (see AdapterConverter)
         return {
             "base_model_name_or_path": self._base_model_name(),
             "peft_type": "LORA",
@@ -602,7 +623,7 @@ class _Checkpointer:
             "r": rank,
             "lora_alpha": float(adapter_config["lora_alpha"]),
             "lora_dropout": float(adapter_config.get("lora_dropout", 0.0)),
-            "target_modules": sorted({module.rsplit(".", 1)[-1] for module in ranks}),
+            "target_modules": sorted(ranks) if exact else sorted({module.rsplit(".", 1)[-1] for module in ranks}),
             "rank_pattern": {module: r for module, r in ranks.items() if r != rank},
             "alpha_pattern": dict(alphas),  # fused modules (Phi-3's qkv_proj): n * alpha for rank n * r
             "use_dora": use_dora,
@@ -652,7 +673,8 @@ class FullModelHFCheckpointer(_Checkpointer):
     tower and projector of a multimodal Gemma 3 checkpoint) are written back unchanged with every model: read from
     the input files when the checkpoint is saved (not held during training), into the file they came from, in their
     own dtype, and listed in the index. A PEFT adapter of such a checkpoint leaves their modules out
-    (``exclude_modules``).
+    (``exclude_modules``), as it leaves out the parts of the model that hold no adapter (the vision tower of a
+    vision-language model with LoRA in its language model only).
 
     A reward or classifier model (``config.json`` ``architectures``: ``*ForSequenceClassification``) loads into
     tune's classifier builders (``mistral_classifier``, ``llama2_classifier``): its ``score`` head is their
@@ -711,11 +733,16 @@ class FullModelHFCheckpointer(_Checkpointer):
             return []
         return [key for key in self._layout() if key not in written and self._passthrough.match(key)]
 
-    def _peft_excluded_modules(self) -> str | None:
-        # PEFT matches target_modules by the last name part: keep its LoRA layers out of the carried-over modules
-        if not self._passthrough_keys(set()):
-            return None
-        return f"(?:{self._passthrough.pattern}).*"
+    def _peft_excluded_modules(self, adapted: Collection[str]) -> str | None:
+        # PEFT matches target_modules by the last name part: keep its LoRA layers out of the carried-over modules,
+        # and out of the parts of the model with no adapter (a vision tower's q_proj when LoRA is in the language
+        # model only: PEFT would add untrained layers there and warn of missing adapter weights)
+        patterns = [f"(?:{self._passthrough.pattern}).*"] if self._passthrough_keys(set()) else []
+        idle = _parts_without_adapters(adapted, {key.rsplit(".", 1)[0] for key in self._layout()})
+        if idle:
+            # the files' part name, under transformers 5's `model.` prefix in the module tree too
+            patterns.append(rf"(?:model\.)?(?:{'|'.join(re.escape(part) for part in idle)})\..*")
+        return "|".join(patterns) or None
 
     # A sequence classifier's `score` head is the output projection of tune's classifier builders: the family's
     # converter handles it as the (untied) `lm_head`.
