@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --disable-pip-version-check -q -c .ci/constraints.txt
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-all demo demo-rl bench lint clean gpu-check
+.PHONY: setup test test-all demo demo-rl demo-vision bench lint clean gpu-check
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,9 @@ demo: setup
 
 demo-rl: setup
 	bash demo/run_demo_rl.sh $(BIN)
+
+demo-vision: setup
+	bash demo/run_demo_vision.sh $(BIN)
 
 # On a machine with one CUDA GPU and the packages tune needs (benchmarks/README.md, "On a GPU"): the gpu test tier,
 # then tune's recipes against torchtune 0.6.1's (give its wheel to compare: TORCHTUNE_WHEEL=path/to/wheel).

@@ -22,7 +22,13 @@ import torch
 from safetensors.torch import load_file
 
 from tests.recipes import _family_assets as assets
-from tests.recipes import test_grpo_every_family, test_ppo_shipped_configs
+from tests.recipes import (
+    test_grpo_every_family,
+    test_ppo_shipped_configs,
+    test_vision_gemma3,
+    test_vision_llama3_2_vision,
+    test_vision_qwen2_5_vl,
+)
 from tests.recipes.dist_utils import run_distributed
 from tests.recipes.test_every_family import family_assets  # noqa: F401 - a fixture
 from tests.recipes.utils import ROOT, mc_task_yaml, read_jsonl, run_recipe
@@ -53,8 +59,17 @@ def _run_elsewhere() -> dict[str, str]:
     found.update(dict.fromkeys(map(_name, test_ppo_shipped_configs.CASES.values()), "test_ppo_shipped_configs.py"))
     grpo = [relative for *_, relative in test_grpo_every_family.CASES + test_grpo_every_family.DIST_CASES]
     found.update(dict.fromkeys(map(_name, grpo), "test_grpo_every_family.py"))
+    # the vision families' configs, each run by its family's test; their generation configs by test_generate_vision.py
+    for module in (test_vision_gemma3, test_vision_qwen2_5_vl, test_vision_llama3_2_vision):
+        found.update(dict.fromkeys(module.CONFIGS, module.__name__.rpartition(".")[2] + ".py"))
+    for name in ("gemma3_vision/4B_generation", "qwen2_5_vl/3B_generation", "llama3_2_vision/11B_generation_v2"):
+        found[name] = "test_generate_vision.py"
     # the demo's configs, as demo/run_demo.sh (test_demo.py) and demo/run_demo_rl.sh (test_grpo_learns.py) run them
-    for script, test in (("run_demo.sh", "test_demo.py"), ("run_demo_rl.sh", "test_grpo_learns.py")):
+    for script, test in (
+        ("run_demo.sh", "test_demo.py"),
+        ("run_demo_rl.sh", "test_grpo_learns.py"),
+        ("run_demo_vision.sh", "test_demo_vision.py"),
+    ):
         for name in re.findall(r"--config ([\w./-]+)", (ROOT / "demo" / script).read_text()):
             found.setdefault(name, test)
     return found

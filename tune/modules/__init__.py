@@ -11,6 +11,7 @@ from tune.modules._attention_utils import (
 )
 from tune.modules._cache_utils import delete_kv_caches, disable_kv_cache, local_kv_cache
 from tune.modules._cross_attention import TransformerCrossAttentionLayer
+from tune.modules._decoder_wrapper import DecoderWrapper
 from tune.modules._feed_forward import FeedForward
 from tune.modules._kv_cache import KVCache
 from tune.modules._layer_dropout import LayerDropout, ModuleLayerDropoutWrapper, ScaleType, prepare_layer_dropout
@@ -26,6 +27,7 @@ from tune.modules._vision_transformer import VisionTransformer
 from tune.modules.low_precision import FrozenNF4Linear, reparametrize_as_dtype_state_dict_post_hook
 
 __all__ = [
+    "DecoderWrapper",
     "FeedForward",
     "Fp32LayerNorm",
     "FrozenNF4Linear",

@@ -226,6 +226,28 @@ def test_kv_cache_generation_matches_the_whole_sequence(models):
     assert not model.caches_are_setup()
 
 
+def test_a_generated_image_token_decodes_as_a_token(models):
+    """A model may generate its image token; after the prompt it is embedded as a token (as transformers does),
+    not refused for want of an image: the step's logits equal the text model's for that token."""
+    _, model, _ = models
+    torch.manual_seed(7)
+    prompt = torch.tensor([_row(2, "image", 3)])
+    images = {"images": torch.randn(1, 3, 32, 32)}
+    with torch.no_grad():
+        model.setup_caches(batch_size=1, dtype=torch.float32, decoder_max_seq_len=prompt.shape[1] + 2)
+        try:
+            model(prompt, encoder_input=images)
+            generated = model(torch.tensor([[IMAGE]]))
+            model.reset_caches()
+            model(prompt, encoder_input=images)
+            expected = model.decoder(torch.tensor([[IMAGE]]))  # the token's own embedding, after the same cache
+        finally:
+            model.delete_caches()
+    assert torch.equal(generated, expected)
+    with pytest.raises(ValueError, match="no images"):  # in a prompt, an image token without its image is an error
+        model(torch.tensor([_row(2, "image")]))
+
+
 def test_model_delegates_the_decoder_settings(models):
     _, model, _ = models
     assert model.tok_embeddings is model.decoder.tok_embeddings and model.output is model.decoder.output

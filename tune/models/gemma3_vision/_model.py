@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tune.modules import RMSNorm, TransformerDecoder
+from tune.modules import DecoderWrapper, RMSNorm, TransformerDecoder
 from tune.modules.vision import SiglipVisionEncoder
 
 # The key of the images in ``encoder_input`` (the model transform's and the collate's layout).
@@ -66,7 +66,7 @@ class Gemma3MultiModalProjector(nn.Module):
         return torch.matmul(self.norm(pooled), self.projection).type_as(patches)
 
 
-class Gemma3VisionLanguageModel(nn.Module):
+class Gemma3VisionLanguageModel(DecoderWrapper, nn.Module):
     """Gemma 3 with images: a vision encoder and projector whose outputs replace the image tokens' embeddings.
 
     It has the interface every vision-language model in tune shares, so the recipes train it like a text model:
@@ -106,55 +106,6 @@ class Gemma3VisionLanguageModel(nn.Module):
         self.decoder = decoder
         self.image_token_id = image_token_id
         self.check_image_tokens = False
-
-    # --- the language model's settings, reached through this model (what recipes and generation use) ---
-
-    @property
-    def skip_output_layer(self) -> bool:
-        """Whether ``forward`` returns the final hidden states instead of logits (the decoder's setting)."""
-        return self.decoder.skip_output_layer
-
-    @skip_output_layer.setter
-    def skip_output_layer(self, value: bool) -> None:
-        self.decoder.skip_output_layer = value
-
-    @property
-    def output(self) -> nn.Module:
-        """The language model's output projection (tied to ``tok_embeddings``)."""
-        return self.decoder.output
-
-    @property
-    def tok_embeddings(self) -> nn.Embedding:
-        """The language model's token embeddings."""
-        return self.decoder.tok_embeddings
-
-    def set_num_output_chunks(self, num_output_chunks: int) -> None:
-        """As :meth:`tune.modules.TransformerDecoder.set_num_output_chunks`."""
-        self.decoder.set_num_output_chunks(num_output_chunks)
-
-    def setup_caches(self, batch_size: int, dtype: torch.dtype, decoder_max_seq_len: int | None = None) -> None:
-        """As :meth:`tune.modules.TransformerDecoder.setup_caches` (the language model's KV caches)."""
-        self.decoder.setup_caches(batch_size, dtype, decoder_max_seq_len)
-
-    def caches_are_setup(self) -> bool:
-        """Whether the language model's KV caches are set up."""
-        return self.decoder.caches_are_setup()
-
-    def caches_are_enabled(self) -> bool:
-        """Whether the language model's KV caches are set up and in use."""
-        return self.decoder.caches_are_enabled()
-
-    def reset_caches(self) -> None:
-        """Empties the language model's KV caches.
-
-        Raises:
-            RuntimeError: if no caches are set up.
-        """
-        self.decoder.reset_caches()
-
-    def delete_caches(self) -> None:
-        """Removes the language model's KV caches."""
-        self.decoder.delete_caches()
 
     # --- images ---
 
@@ -201,7 +152,8 @@ class Gemma3VisionLanguageModel(nn.Module):
         )
         h = self.decoder.embed(embed_ids)  # scaled by sqrt(embed_dim) before the images go in, as transformers does
         if images is None:
-            if self._checks(tokens) and bool(is_image.any()):
+            # a generated token may be the image token: after the prompt it is embedded as a token, as transformers does
+            if self._cache_offset() == 0 and self._checks(tokens) and bool(is_image.any()):
                 raise ValueError(
                     f"The tokens hold {int(is_image.sum())} image tokens (id {self.image_token_id}) but no images "
                     'were given; pass encoder_input={"images": ...}.'

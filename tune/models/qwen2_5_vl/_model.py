@@ -11,11 +11,11 @@ grid (transformers' ``get_rope_index``).
 import torch
 from torch import nn
 
-from tune.modules import TransformerDecoder
+from tune.modules import DecoderWrapper, TransformerDecoder
 from tune.modules.vision import QwenVisionTransformer
 
 
-class Qwen2_5_VisionLanguageModel(nn.Module):
+class Qwen2_5_VisionLanguageModel(DecoderWrapper, nn.Module):
     """Qwen2.5-VL: a vision encoder (with its patch merger) feeding a Qwen2.5 decoder with M-RoPE.
 
     The output settings of the language model (``skip_output_layer``, ``set_num_output_chunks``) and its KV caches
@@ -40,60 +40,7 @@ class Qwen2_5_VisionLanguageModel(nn.Module):
         self.image_token_id = image_token_id
         self._rope_deltas: torch.Tensor | None = None  # [b]: set by a cached prompt with images
 
-    # the decoder's output settings and caches, under the names the recipes use on any model
-
-    @property
-    def skip_output_layer(self) -> bool:
-        """Whether ``forward`` returns the final hidden states instead of logits (the decoder's setting)."""
-        return self.decoder.skip_output_layer
-
-    @skip_output_layer.setter
-    def skip_output_layer(self, value: bool) -> None:
-        self.decoder.skip_output_layer = value
-
-    @property
-    def output(self) -> nn.Module:
-        """The decoder's output projection."""
-        return self.decoder.output
-
-    @property
-    def tok_embeddings(self) -> nn.Embedding:
-        """The decoder's token embeddings."""
-        return self.decoder.tok_embeddings
-
-    def set_num_output_chunks(self, num_output_chunks: int) -> None:
-        """See :meth:`TransformerDecoder.set_num_output_chunks`."""
-        self.decoder.set_num_output_chunks(num_output_chunks)
-
-    def setup_caches(
-        self,
-        batch_size: int,
-        dtype: torch.dtype,
-        *,
-        encoder_max_seq_len: int | None = None,
-        decoder_max_seq_len: int | None = None,
-    ) -> None:
-        """Allocates the decoder's KV caches (``encoder_max_seq_len`` is accepted for torchtune's signature; the
-        image vectors sit in the decoder's own sequence, so there is no encoder cache)."""
-        self.decoder.setup_caches(batch_size, dtype, decoder_max_seq_len=decoder_max_seq_len)
-        self._rope_deltas = None
-
-    def caches_are_setup(self) -> bool:
-        """Whether the decoder's KV caches are set up."""
-        return self.decoder.caches_are_setup()
-
-    def caches_are_enabled(self) -> bool:
-        """Whether the decoder's KV caches are set up and in use."""
-        return self.decoder.caches_are_enabled()
-
-    def reset_caches(self) -> None:
-        """Empties the decoder's KV caches."""
-        self.decoder.reset_caches()
-        self._rope_deltas = None
-
-    def delete_caches(self) -> None:
-        """Removes the decoder's KV caches."""
-        self.decoder.delete_caches()
+    def _forget_decoding_state(self) -> None:
         self._rope_deltas = None
 
     def forward(

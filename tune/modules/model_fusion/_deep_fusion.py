@@ -6,11 +6,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from tune.modules._decoder_wrapper import DecoderWrapper
 from tune.modules._transformer import TransformerDecoder
 from tune.modules.model_fusion._fusion_utils import get_fusion_params
 
 
-class DeepFusionModel(nn.Module):
+class DeepFusionModel(DecoderWrapper, nn.Module):
     """An encoder and a ``TransformerDecoder`` some of whose layers are ``FusionLayer``s.
 
     ``forward`` encodes ``encoder_input`` (when given) into a sequence of vectors in the decoder's width and runs the
@@ -51,67 +52,7 @@ class DeepFusionModel(nn.Module):
             param.requires_grad_(fusion_trainable)
         self._cached_encoder_output: torch.Tensor | None = None
 
-    # what recipes and losses read on a decoder, answered by the decoder
-
-    @property
-    def skip_output_layer(self) -> bool:
-        """Whether ``forward`` returns the final hidden states instead of logits (the decoder's setting)."""
-        return self.decoder.skip_output_layer
-
-    @skip_output_layer.setter
-    def skip_output_layer(self, value: bool) -> None:
-        self.decoder.skip_output_layer = value
-
-    @property
-    def output(self) -> nn.Module:
-        """The decoder's output projection."""
-        return self.decoder.output
-
-    @property
-    def tok_embeddings(self) -> nn.Module:
-        """The decoder's token embedding."""
-        return self.decoder.tok_embeddings
-
-    def set_num_output_chunks(self, num_output_chunks: int) -> None:
-        """See ``TransformerDecoder.set_num_output_chunks``."""
-        self.decoder.set_num_output_chunks(num_output_chunks)
-
-    def setup_caches(
-        self,
-        batch_size: int,
-        dtype: torch.dtype,
-        *,
-        encoder_max_seq_len: int | None = None,
-        decoder_max_seq_len: int | None = None,
-    ) -> None:
-        """Allocates the decoder's KV caches for generation.
-
-        Args:
-            batch_size (int): rows generated at once.
-            dtype (torch.dtype): cache dtype.
-            encoder_max_seq_len (int | None): accepted for torchtune's signature; the fusion layers cache no keys
-                (the encoder's output is kept instead). Default None.
-            decoder_max_seq_len (int | None): capacity in tokens. Default: the decoder's ``max_seq_len``.
-        """
-        self.decoder.setup_caches(batch_size, dtype, decoder_max_seq_len=decoder_max_seq_len)
-        self._cached_encoder_output = None
-
-    def caches_are_setup(self) -> bool:
-        """Whether the decoder's KV caches are set up."""
-        return self.decoder.caches_are_setup()
-
-    def caches_are_enabled(self) -> bool:
-        """Whether the decoder's KV caches are set up and in use."""
-        return self.decoder.caches_are_enabled()
-
-    def reset_caches(self) -> None:
-        """Empties the KV caches and forgets the kept encoder output."""
-        self.decoder.reset_caches()
-        self._cached_encoder_output = None
-
-    def delete_caches(self) -> None:
-        """Removes the KV caches and the kept encoder output."""
-        self.decoder.delete_caches()
+    def _forget_decoding_state(self) -> None:
         self._cached_encoder_output = None
 
     def forward(
