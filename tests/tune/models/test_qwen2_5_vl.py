@@ -318,3 +318,50 @@ def test_released_size_has_transformers_parameter_count(name):
         return sum(p.numel() for p in module.parameters())  # a tied weight once
 
     assert count(model) == count(reference) == count(from_config)
+
+
+@pytest.mark.parametrize("projections", [["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj"]], ids=["qv", "qkv"])
+def test_vision_tower_adapter_exports_to_peft_exactly(models, projections):
+    """LoRAs on the vision tower's q/k/v (tune's separate projections) written for PEFT as one LoRA on transformers'
+    fused qkv: PEFT's model over transformers' gives the logits of tune's model with those adapters."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    from tune.models.qwen2_5_vl import qwen2_5_vl_adapter_to_peft
+
+    hf_model, model, hf_config = models
+    lora = qwen2_5_vl_from_hf_config(
+        hf_config, lora_attn_modules=projections, decoder_trainable="frozen", encoder_trainable="lora",
+        fusion_trainable="frozen", lora_rank=2, lora_alpha=3.0,
+    ).eval()  # fmt: skip
+    missing, _ = lora.load_state_dict(model.state_dict(), strict=False)
+    adapters = get_adapter_params(lora)
+    assert set(missing) == set(adapters) and all(".encoder." in f".{name}" for name in adapters)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for param in adapters.values():
+            param.normal_(0.0, 0.3)
+    rest, peft_state, ranks, alphas = qwen2_5_vl_adapter_to_peft(
+        {name: param.detach() for name, param in adapters.items()}, hf_config, lora_alpha=3.0
+    )
+    assert rest == {} and set(ranks) == {f"model.visual.blocks.{i}.attn.qkv" for i in range(VISION["depth"])}
+    config = LoraConfig(
+        r=6, lora_alpha=9.0, target_modules=sorted(ranks), rank_pattern=ranks, alpha_pattern=alphas,
+        init_lora_weights=False,
+    )  # fmt: skip
+    peft_model = get_peft_model(copy.deepcopy(hf_model), config).eval()
+    result = set_peft_model_state_dict(peft_model, {f"base_model.model.{k}": v for k, v in peft_state.items()})
+    assert not [key for key in result.missing_keys if "lora_" in key]
+    torch.manual_seed(4)
+    grids = [(1, 8, 12), (1, 6, 4)]
+    tokens, real = _batch([_row(3, grids[0], 2, grids[1], 4)])
+    images = _images(grids)
+    expected = _hf_logits(peft_model, tokens, real, images)
+    with torch.no_grad():
+        actual = lora(tokens, encoder_input=images)
+        base = model(tokens, encoder_input=images)
+    error = _max_error(expected, actual, real)
+    moved = (actual[real] - base[real]).abs().max().item()
+    print(f"qwen2.5-vl vision LoRA ({'/'.join(projections)}) through PEFT's qkv: max abs logit error {error:.3e}")
+    assert error <= TOLERANCE and moved > 1e-1  # the adapters change the logits far beyond the tolerance

@@ -246,29 +246,69 @@ def qwen2_5_vl_adapter_to_peft(
     (``model.language_model.layers.0.self_attn.q_proj``, ``model.visual.merger.mlp.0``), which PEFT loads over
     ``Qwen2_5_VLForConditionalGeneration`` (it does not rename the files' layout).
 
+    transformers fuses the vision tower's q/k/v projections into one ``qkv``. LoRAs of rank ``r`` on some of them
+    are exactly one LoRA of rank ``3 r`` on ``qkv``: ``A`` stacks their ``A`` along the rank, ``B`` puts their ``B``
+    on the block diagonal (zero blocks for a projection without LoRA), and alpha ``3 * lora_alpha`` keeps each
+    block's scaling ``lora_alpha / r``.
+
     Returns:
         tuple: no weights left to other converters, the PEFT weights (without ``base_model.model.``), each module's
-        rank, and no alpha overrides.
+        rank, and the alpha of each fused ``qkv``.
 
     Raises:
-        ValueError: for an adapter on a vision q/k/v projection, which transformers fuses into one ``qkv``.
+        ValueError: when the q/k/v LoRAs of one vision layer have different ranks, or DoRA covers only some.
     """
-    peft_state, ranks = {}, {}
+    peft_state, ranks, alphas = {}, {}, {}
+    fused: dict[str, dict[str, dict[str, torch.Tensor]]] = {}  # vision layer -> projection -> suffix -> weight
     for key, value in adapter.items():
         module, suffix = next((key.removesuffix("." + s), s) for s in _PEFT_SUFFIXES if key.endswith("." + s))
-        if _TUNE_QKV.match(module + ".weight"):
-            raise _NoPeftFormError(
-                f"Cannot save the adapter of {module} in PEFT's format: transformers fuses the vision q/k/v "
-                "projections into one qkv; keep model.encoder_trainable=frozen (or 'full'), or drop "
-                "q_proj/k_proj/v_proj from model.lora_attn_modules."
-            )
+        match = _TUNE_QKV.match(module + ".weight")
+        if match is not None:
+            fused.setdefault(match.group(1), {}).setdefault(match.group(2), {})[suffix] = value
+            continue
         probe = {module + ".weight": torch.empty(0, device="meta")}
         (hf_key,) = qwen2_5_vl_tune_to_hf(probe, hf_config)
         hf_module = _module_tree(hf_key.removesuffix(".weight"))
         peft_state[f"{hf_module}.{_PEFT_SUFFIXES[suffix]}"] = value
         if suffix == "lora_a.weight":
             ranks[hf_module] = value.shape[0]
-    return {}, peft_state, ranks, {}
+    for layer, projections in fused.items():
+        hf_module = f"model.visual.blocks.{layer}.attn.qkv"
+        weights = _fuse_qkv(hf_module, [projections.get(name, {}) for name in "qkv"])
+        peft_state.update({f"{hf_module}.{suffix}": value for suffix, value in weights.items()})
+        ranks[hf_module] = weights["lora_A.weight"].shape[0]
+        alphas[hf_module] = 3 * lora_alpha
+    return {}, peft_state, ranks, alphas
+
+
+def _fuse_qkv(module: str, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One LoRA on a fused q/k/v projection from tune's LoRAs on q, k and v (an empty dict: no LoRA there)."""
+    present = [part for part in parts if part]
+    ranks = {part["lora_a.weight"].shape[0] for part in present}
+    if len(ranks) != 1:
+        raise _NoPeftFormError(
+            f"Cannot save the adapter of {module} in PEFT's format: its q/k/v LoRAs have ranks "
+            f"{sorted(ranks)}, and transformers fuses them into one qkv, whose LoRA needs one rank."
+        )
+    with_dora = [part for part in present if "magnitude" in part]
+    if with_dora and len(with_dora) != len(parts):
+        raise _NoPeftFormError(
+            f"Cannot save the DoRA adapter of {module} in PEFT's format: DoRA must be on all of q/k/v or none, since "
+            "PEFT normalises the fused qkv weight as a whole."
+        )
+    rank, sample = ranks.pop(), present[0]
+    out_dim, in_dim = sample["lora_b.weight"].shape[0], sample["lora_a.weight"].shape[1]
+    kwargs = dict(dtype=sample["lora_a.weight"].dtype, device=sample["lora_a.weight"].device)
+    lora_a = torch.zeros(3 * rank, in_dim, **kwargs)
+    lora_b = torch.zeros(3 * out_dim, 3 * rank, **kwargs)
+    for index, part in enumerate(parts):
+        if part:  # [r, in] rows of A; a [out, r] block of B on the diagonal
+            lora_a[index * rank : (index + 1) * rank] = part["lora_a.weight"]
+            lora_b[index * out_dim : (index + 1) * out_dim, index * rank : (index + 1) * rank] = part["lora_b.weight"]
+    weights = {"lora_A.weight": lora_a, "lora_B.weight": lora_b}
+    if with_dora:
+        weights["lora_magnitude_vector"] = torch.cat([part["magnitude"] for part in parts])
+    return weights
 
 
 def qwen2_5_vl_peft_to_adapter(
