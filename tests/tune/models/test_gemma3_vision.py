@@ -391,3 +391,24 @@ def test_from_hf_config_takes_lora_and_trainable_arguments(models):
     assert {name.split(".")[0] for name in get_adapter_params(model)} == {"decoder", "encoder"}
     with pytest.raises(ValueError, match="model_type 'gemma3'"):
         gemma3_vision_from_hf_config({**hf_config, "model_type": "gemma3_text"})
+
+
+def test_dora_variant_from_config_computes_the_base_model(models):
+    """use_dora through the config.json reader: with magnitudes from the loaded weights and fresh adapters, DoRA on
+    the language model and the vision encoder computes the base model's logits."""
+    from tune.modules.peft import get_adapter_params, initialize_dora_magnitudes
+
+    _, model, hf_config = models
+    dora = gemma3_vision_from_hf_config(
+        hf_config, lora_attn_modules=["q_proj", "v_proj"], apply_lora_to_mlp=True, use_dora=True,
+        decoder_trainable="lora", encoder_trainable="lora",
+    ).eval()  # fmt: skip
+    missing, unexpected = dora.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and set(missing) == set(get_adapter_params(dora))
+    assert any(name.startswith("encoder.") and name.endswith("magnitude") for name in missing)
+    initialize_dora_magnitudes(dora)
+    torch.manual_seed(1)
+    tokens, _ = _batch([_row(2, "image", 3)])
+    images = {"images": torch.randn(1, 3, 32, 32)}
+    with torch.no_grad():
+        assert (model(tokens, encoder_input=images) - dora(tokens, encoder_input=images)).abs().max() <= 1e-5

@@ -278,3 +278,34 @@ def test_released_sizes_have_transformers_parameter_count(builder):
     ours, theirs = (sum(p.numel() for p in m.parameters()) for m in (model, reference))
     print(f"{builder.__name__}: {ours:,} parameters")
     assert ours == theirs
+
+
+@pytest.mark.parametrize("use_dora", [False, True], ids=["lora", "dora"])
+def test_from_hf_config_builds_the_lora_variant(models, use_dora):
+    """LoRA arguments to the config.json reader (as ``tune.models.from_hf`` passes them) give the LoRA model: the
+    base weights load, and with fresh adapters (DoRA magnitudes from the loaded weights) it computes the base
+    model's logits; the parts train as asked."""
+    from tune.modules.peft import initialize_dora_magnitudes
+
+    _, model, hf_config = models
+    lora = llama3_2_vision_from_hf_config(
+        hf_config, lora_attn_modules=["q_proj", "v_proj"], apply_lora_to_mlp=True, use_dora=use_dora
+    ).eval()
+    missing, unexpected = lora.load_state_dict(model.state_dict(), strict=False)
+    adapters = get_adapter_params(lora)
+    assert not unexpected and set(missing) == set(adapters)
+    if use_dora:
+        initialize_dora_magnitudes(lora)
+    assert lora.trainable_parts == {"decoder": "frozen", "encoder": "lora", "fusion": "lora"}
+    decoder_adapters = [name for name in adapters if name.startswith("decoder.")]
+    assert any(name.startswith("encoder.") for name in adapters) and decoder_adapters
+    assert all(".fusion_layer." in name for name in decoder_adapters)  # the decoder's own layers stay frozen
+    torch.manual_seed(2)
+    grids = [[(1, 2)]]
+    tokens = torch.tensor([[IMAGE, *_text(6)]])
+    ours, _ = _images(grids)
+    _, encoder_mask = _cross_attention_mask(tokens, grids, 1)
+    with torch.no_grad():
+        expected = model(tokens, encoder_input=ours, encoder_mask=encoder_mask)
+        actual = lora(tokens, encoder_input=ours, encoder_mask=encoder_mask)
+    assert (expected - actual).abs().max().item() <= 1e-5

@@ -365,3 +365,30 @@ def test_vision_tower_adapter_exports_to_peft_exactly(models, projections):
     moved = (actual[real] - base[real]).abs().max().item()
     print(f"qwen2.5-vl vision LoRA ({'/'.join(projections)}) through PEFT's qkv: max abs logit error {error:.3e}")
     assert error <= TOLERANCE and moved > 1e-1  # the adapters change the logits far beyond the tolerance
+
+
+def test_dora_variant_from_config_computes_the_base_model():
+    """use_dora through the config.json reader: with magnitudes from the loaded weights and fresh adapters, DoRA on
+    the language model, the merger and the vision tower computes the base model's logits."""
+    from tune.modules.peft import initialize_dora_magnitudes
+
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=TEXT, vision_config=VISION, image_token_id=IMAGE, vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+    ).to_dict()  # fmt: skip
+    torch.manual_seed(0)
+    base = qwen2_5_vl_from_hf_config(config).eval()
+    dora = qwen2_5_vl_from_hf_config(
+        config, lora_attn_modules=["q_proj", "v_proj"], apply_lora_to_mlp=True, use_dora=True,
+        decoder_trainable="lora", encoder_trainable="lora", fusion_trainable="lora",
+    ).eval()  # fmt: skip
+    missing, unexpected = dora.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and set(missing) == set(get_adapter_params(dora))
+    assert any(name.endswith("magnitude") for name in missing)
+    initialize_dora_magnitudes(dora)
+    torch.manual_seed(1)
+    grids = [(1, 4, 4)]
+    tokens, _ = _batch([_row(2, grids[0], 3)])
+    images = _images(grids)
+    with torch.no_grad():
+        assert (base(tokens, encoder_input=images) - dora(tokens, encoder_input=images)).abs().max() <= 1e-5

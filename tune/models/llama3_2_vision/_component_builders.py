@@ -17,7 +17,7 @@ torchtune: the global layers and the projection (torchtune's projection head), t
 new token embeddings.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -669,10 +669,6 @@ def lora_llama3_2_vision(
     Raises:
         ValueError: for a part that is not ``"frozen"``, ``"lora"`` or ``"full"``, or an unknown attention module.
     """
-    decoder_type = _trainable(decoder_trainable, "decoder_trainable")
-    encoder_type = _trainable(encoder_trainable, "encoder_trainable")
-    fusion_type = _trainable(fusion_trainable, "fusion_trainable")
-    fusion_lora = fusion_type is LoRATrainable.LORA
     lora_args = dict(
         lora_attn_modules=lora_attn_modules, apply_lora_to_mlp=apply_lora_to_mlp,
         apply_lora_to_output=apply_lora_to_output, lora_rank=lora_rank, lora_alpha=lora_alpha,
@@ -684,16 +680,46 @@ def lora_llama3_2_vision(
         num_layers_projection=num_layers_projection, max_num_tiles=max_num_tiles, image_size=image_size,
         embed_dim=embed_dim,
     )  # fmt: skip
-    decoder = lora_llama3_2_vision_decoder(
-        decoder_type is LoRATrainable.LORA, fusion_lora, **lora_args,
+    decoder = dict(
         vocab_size=vocab_size, num_layers=num_layers, fusion_interval=fusion_interval,
         num_special_tokens=num_special_tokens, num_heads=num_heads, num_kv_heads=num_kv_heads, embed_dim=embed_dim,
         max_seq_len=max_seq_len, encoder_max_seq_len=encoder_max_seq_len, rope_base=rope_base,
         intermediate_dim=intermediate_dim, norm_eps=norm_eps, scale_factor=scale_factor,
     )  # fmt: skip
+    parts = dict(decoder=decoder_trainable, encoder=encoder_trainable, fusion=fusion_trainable)
+    return _lora_fusion_model(encoder, decoder, parts, lora_args)
+
+
+def _lora_fusion_model(
+    encoder_args: Mapping[str, Any],
+    decoder_args: Mapping[str, Any],
+    parts: Mapping[str, str],
+    lora_args: Mapping[str, Any],
+) -> DeepFusionModel:
+    """Llama 3.2 Vision with LoRA where ``parts`` asks for it (what :func:`lora_llama3_2_vision` and the reader of a
+    ``config.json`` build).
+
+    Args:
+        encoder_args (Mapping[str, Any]): :func:`lora_llama3_2_vision_encoder`'s dimension arguments.
+        decoder_args (Mapping[str, Any]): :func:`lora_llama3_2_vision_decoder`'s dimension arguments.
+        parts (Mapping[str, str]): ``decoder``, ``encoder``, ``fusion`` -> ``"frozen"``, ``"lora"`` or ``"full"``.
+        lora_args (Mapping[str, Any]): ``lora_attn_modules``, ``apply_lora_to_mlp``, ... as the LoRA builders take.
+
+    Returns:
+        DeepFusionModel: the model; its ``trainable_parts`` records the three choices.
+
+    Raises:
+        ValueError: for a part that is not ``"frozen"``, ``"lora"`` or ``"full"``, or an unknown attention module.
+    """
+    decoder_type = _trainable(parts["decoder"], "decoder_trainable")
+    encoder_type = _trainable(parts["encoder"], "encoder_trainable")
+    fusion_type = _trainable(parts["fusion"], "fusion_trainable")
+    fusion_lora = fusion_type is LoRATrainable.LORA
+    decoder = lora_llama3_2_vision_decoder(decoder_type is LoRATrainable.LORA, fusion_lora, **lora_args, **decoder_args)
+    encoder = lora_llama3_2_vision_encoder(encoder_type is LoRATrainable.LORA, fusion_lora, **lora_args, **encoder_args)
     model = DeepFusionModel(
         decoder=decoder,
-        encoder=lora_llama3_2_vision_encoder(encoder_type is LoRATrainable.LORA, fusion_lora, **lora_args, **encoder),
+        encoder=encoder,
         decoder_trainable=decoder_type is LoRATrainable.FULL,
         encoder_trainable=encoder_type is LoRATrainable.FULL,
         fusion_trainable=fusion_type is LoRATrainable.FULL,

@@ -22,7 +22,11 @@ from typing import Any
 import torch
 
 from tune.models._hf import llama3_rope_kwargs
-from tune.models.llama3_2_vision._component_builders import llama3_2_vision_decoder, llama3_2_vision_encoder
+from tune.models.llama3_2_vision._component_builders import (
+    _lora_fusion_model,
+    llama3_2_vision_decoder,
+    llama3_2_vision_encoder,
+)
 from tune.modules.model_fusion import DeepFusionModel
 from tune.utils._state_dict_keys import invert_rules, rename_keys
 
@@ -169,13 +173,21 @@ def _layer_map(text: Mapping[str, Any]) -> dict[int, tuple[int, bool]]:
     return mapping
 
 
-def llama3_2_vision_from_hf_config(hf_config: Mapping[str, Any]) -> DeepFusionModel:
+# lora_llama3_2_vision's defaults for what trains
+_LORA_PARTS = (("decoder", "frozen"), ("encoder", "lora"), ("fusion", "lora"))
+
+
+def llama3_2_vision_from_hf_config(hf_config: Mapping[str, Any], **lora_kwargs: Any) -> DeepFusionModel:
     """Builds Llama 3.2 Vision with the dimensions of an ``MllamaForConditionalGeneration`` ``config.json``.
 
-    Every part is trainable (``requires_grad``); recipes choose what trains.
+    Every part is trainable (``requires_grad``); recipes choose what trains. Given LoRA arguments, the LoRA variant
+    is built, as :func:`lora_llama3_2_vision` builds it (``decoder_trainable``, ``encoder_trainable``,
+    ``fusion_trainable`` default to ``"frozen"``, ``"lora"``, ``"lora"``).
 
     Args:
         hf_config (Mapping[str, Any]): the ``config.json`` dict (``model_type: mllama``).
+        **lora_kwargs: :func:`lora_llama3_2_vision`'s LoRA and trainable-part arguments (``lora_attn_modules``,
+            ``lora_rank``, ...).
 
     Returns:
         DeepFusionModel: the model, randomly initialised.
@@ -208,7 +220,7 @@ def llama3_2_vision_from_hf_config(hf_config: Mapping[str, Any]) -> DeepFusionMo
     patch_size = vision["patch_size"]
     num_tokens = (image_size // patch_size) ** 2 + 1
     ratios = vision["supported_aspect_ratios"]
-    encoder = llama3_2_vision_encoder(
+    encoder = dict(
         patch_size=patch_size,
         num_heads=vision["attention_heads"],
         clip_embed_dim=vision["hidden_size"],
@@ -223,7 +235,7 @@ def llama3_2_vision_from_hf_config(hf_config: Mapping[str, Any]) -> DeepFusionMo
         norm_eps=vision["norm_eps"],
         supported_aspect_ratios=[tuple(r) for r in ratios] if ratios else None,
     )
-    decoder = llama3_2_vision_decoder(
+    decoder = dict(
         vocab_size=text["vocab_size"],
         num_layers=text["num_hidden_layers"] - len(text["cross_attention_layers"]),
         fusion_interval=_fusion_interval(text),
@@ -238,8 +250,15 @@ def llama3_2_vision_from_hf_config(hf_config: Mapping[str, Any]) -> DeepFusionMo
         norm_eps=text["rms_norm_eps"],
         scale_factor=scaling.get("scale_factor", 1.0),
     )
+    if lora_kwargs:
+        parts = {part: lora_kwargs.pop(f"{part}_trainable", default) for part, default in _LORA_PARTS}
+        return _lora_fusion_model(encoder, decoder, parts, lora_kwargs)
     return DeepFusionModel(
-        decoder=decoder, encoder=encoder, decoder_trainable=True, encoder_trainable=True, fusion_trainable=True
+        decoder=llama3_2_vision_decoder(**decoder),
+        encoder=llama3_2_vision_encoder(**encoder),
+        decoder_trainable=True,
+        encoder_trainable=True,
+        fusion_trainable=True,
     )
 
 
