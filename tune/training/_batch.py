@@ -11,10 +11,14 @@ import torch
 
 # The batch keys a model's forward takes as keyword arguments, besides the tokens (its first argument).
 MODEL_INPUT_KEYS = ("mask", "input_pos", "encoder_input", "encoder_mask")
+# Image inputs that are shapes (Qwen2.5-VL's patch grid of each image): the model reads them on the host to lay out
+# its attention, so they stay on the CPU; on the device, reading them back would make every step wait for it.
+HOST_INPUT_KEYS = frozenset({"image_grid_thw"})
 
 
 def batch_to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """``batch`` with every tensor moved to ``device`` (``non_blocking``), in nested dicts and lists too.
+    """``batch`` with every tensor moved to ``device`` (``non_blocking``), in nested dicts and lists too, but for
+    the shape inputs of :data:`HOST_INPUT_KEYS`, which stay where they are.
 
     Args:
         batch (dict[str, Any]): a collated batch.
@@ -30,7 +34,7 @@ def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device, non_blocking=True)
     if isinstance(value, dict):
-        return {key: _to_device(item, device) for key, item in value.items()}
+        return {key: item if key in HOST_INPUT_KEYS else _to_device(item, device) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(item, device) for item in value)
     return value

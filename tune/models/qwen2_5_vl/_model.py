@@ -21,6 +21,11 @@ class Qwen2_5_VisionLanguageModel(DecoderWrapper, nn.Module):
     The output settings of the language model (``skip_output_layer``, ``set_num_output_chunks``) and its KV caches
     are those of ``decoder``; this module passes them through.
 
+    The image tokens are checked against the images (their number, whole images per row) when ``tokens`` is on the
+    CPU, where counting them costs nothing; on an accelerator the count would wait for the device in every step, so
+    it is skipped unless ``check_image_tokens`` is set to True. ``image_grid_thw`` is read on the host (the vision
+    tower lays out its attention from it): ``tune.training.batch_to_device`` leaves it on the CPU.
+
     Generation with a KV cache: the first call after ``setup_caches`` or ``reset_caches`` holds the whole prompt and
     its images; the model remembers each row's shift of the text positions by its images (transformers'
     ``rope_deltas``) and adds it to the ``[b, s]`` (or default) positions of the later calls, which take no images.
@@ -38,6 +43,7 @@ class Qwen2_5_VisionLanguageModel(DecoderWrapper, nn.Module):
         self.encoder = encoder
         self.decoder = decoder
         self.image_token_id = image_token_id
+        self.check_image_tokens = False
         self._rope_deltas: torch.Tensor | None = None  # [b]: set by a cached prompt with images
 
     def _forget_decoding_state(self) -> None:
@@ -80,7 +86,7 @@ class Qwen2_5_VisionLanguageModel(DecoderWrapper, nn.Module):
         if cached and (input_pos is None or input_pos.dim() == 2):
             input_pos = self._decoding_positions(tokens, cached, input_pos)
         if encoder_input is None:
-            if bool(is_image.any()):
+            if self._checks(tokens) and bool(is_image.any()):
                 raise ValueError(
                     f"The tokens hold {int(is_image.sum())} image tokens but no encoder_input (pixel_values and "
                     "image_grid_thw) was given."
@@ -96,21 +102,27 @@ class Qwen2_5_VisionLanguageModel(DecoderWrapper, nn.Module):
             )
         grid_thw = encoder_input["image_grid_thw"]
         features = self.encoder(encoder_input["pixel_values"], grid_thw)  # [n_image_tokens, embed_dim]
-        num_image_tokens = int(is_image.sum())
-        if num_image_tokens != features.shape[0]:
+        checks = self._checks(tokens)
+        if checks and int(is_image.sum()) != features.shape[0]:
             raise ValueError(
-                f"The tokens hold {num_image_tokens} image tokens, but the images (image_grid_thw "
+                f"The tokens hold {int(is_image.sum())} image tokens, but the images (image_grid_thw "
                 f"{grid_thw.tolist()}) give {features.shape[0]} vectors."
             )
-        h = h.masked_scatter(is_image[..., None], features.to(h.dtype))
+        # the k-th image token (row-major) takes the k-th vector: a gather by running count, no host sync
+        index = (is_image.flatten().cumsum(0) - 1).clamp(0, max(features.shape[0] - 1, 0))
+        picked = features.to(h.dtype).index_select(0, index).view_as(h)
+        h = torch.where(is_image[..., None], picked, h)
         if input_pos is None or input_pos.dim() == 2:
             text_pos = input_pos
-            input_pos = mrope_positions(is_image, grid_thw, self.encoder.merge_size, text_pos)
+            input_pos = mrope_positions(is_image, grid_thw, self.encoder.merge_size, text_pos, check=checks)
             if cached == 0:
                 # the next token's position is one past the largest of the last one's three, not its text position
                 last = tokens.shape[1] - 1 if text_pos is None else text_pos[:, -1]
                 self._rope_deltas = input_pos[:, :, -1].max(dim=0).values - last
         return self.decoder(input_embeds=h, mask=mask, input_pos=input_pos)
+
+    def _checks(self, tokens: torch.Tensor) -> bool:
+        return self.check_image_tokens or tokens.device.type == "cpu"
 
     def _cached_tokens(self) -> int | None:
         """Tokens already in the KV caches; None when the caches are not in use."""
@@ -132,6 +144,8 @@ def mrope_positions(
     image_grid_thw: torch.Tensor,
     merge_size: int = 2,
     input_pos: torch.Tensor | None = None,
+    *,
+    check: bool = True,
 ) -> torch.Tensor:
     """The three M-RoPE positions (temporal, height, width) of a batch with images, as transformers'
     ``get_rope_index`` computes them for the real tokens.
@@ -147,6 +161,8 @@ def mrope_positions(
         image_grid_thw (torch.Tensor): [n_images, 3] int64 patch grids of the images, in that order.
         merge_size (int): side of a merge block in patches. Default 2.
         input_pos (torch.Tensor | None): [b, s] int64 text positions; None for ``0..s-1`` in every row.
+        check (bool): check that the image tokens fill the images exactly (reads the tokens on the host: a wait for
+            an accelerator). Default True.
 
     Returns:
         torch.Tensor: [3, b, s] int64.
@@ -158,12 +174,12 @@ def mrope_positions(
     device = is_image.device
     if input_pos is None:
         input_pos = torch.arange(seq_len, device=device).expand(batch_size, seq_len)
-    grid = image_grid_thw.to(device)
+    grid = image_grid_thw.to(device, non_blocking=True)
     frames, rows, cols = grid[:, 0], grid[:, 1] // merge_size, grid[:, 2] // merge_size
     counts = frames * rows * cols  # image tokens per image
     ends = counts.cumsum(0)
     row_ends = is_image.sum(1).cumsum(0)
-    if int(row_ends[-1]) != int(ends[-1]) or not bool(torch.isin(row_ends[is_image.any(1)], ends).all()):
+    if check and (int(row_ends[-1]) != int(ends[-1]) or not bool(torch.isin(row_ends[is_image.any(1)], ends).all())):
         raise ValueError(
             f"The image tokens of each row must make up whole images: rows hold {is_image.sum(1).tolist()} image "
             f"tokens, the images (image_grid_thw {image_grid_thw.tolist()}) take {counts.tolist()}."
