@@ -64,6 +64,8 @@ def _run_elsewhere() -> dict[str, str]:
         found.update(dict.fromkeys(module.CONFIGS, module.__name__.rpartition(".")[2] + ".py"))
     for name in ("gemma3_vision/4B_generation", "qwen2_5_vl/3B_generation", "llama3_2_vision/11B_generation_v2"):
         found[name] = "test_generate_vision.py"
+    # the vision evaluation config, run on each vision family's tiny model with a local task with images
+    found["llama3_2_vision/11B_evaluation"] = "test_eleuther_eval_vision.py"
     # the demo's configs, as demo/run_demo.sh (test_demo.py) and demo/run_demo_rl.sh (test_grpo_learns.py) run them
     for script, test in (
         ("run_demo.sh", "test_demo.py"),

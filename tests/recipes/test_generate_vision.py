@@ -13,6 +13,8 @@ The tiny checkpoints and tokenizers are those of the vision recipe tests (tests/
 """
 
 import random
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -275,22 +277,45 @@ def test_text_tokenizer_with_an_image_is_one_clear_error(tiny_assets, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_eleuther_eval_refuses_a_vision_language_model_in_one_line(llama_assets, torchtune_wheel, tmp_path):  # noqa: F811
-    # torchtune's 11B_evaluation.yaml (MMMU through lm-eval's multimodal path), moved over by changing the prefix:
-    # not supported yet, and said so before any weight is read
+def test_torchtune_11b_evaluation_config_validates_and_runs_a_local_task(llama_assets, torchtune_wheel, tmp_path):  # noqa: F811
+    # torchtune's 11B_evaluation.yaml (MMMU through lm-eval's multimodal path), moved over by changing the prefix. MMMU
+    # comes from the hub, so the config is validated as it is, then run on a local task with images: the colour task
+    # of tests/recipes/test_eleuther_eval_vision.py, its targets transformers' answers for each picture
+    from tests.recipes.test_eleuther_eval_vision import (
+        TASK,
+        colour_pictures,
+        eval_overrides,
+        llama3_2_vision_answers,
+        score,
+        write_task,
+    )
+    from tune.models.llama3_2_vision import llama3_2_vision_transform
+
     root, _, _ = llama_assets
     with zipfile.ZipFile(torchtune_wheel) as archive:
         text = archive.read("recipes/configs/llama3_2_vision/11B_evaluation.yaml").decode()
     config = tmp_path / "11B_evaluation.yaml"
     config.write_text(text.replace("torchtune.", "tune."))
+    validate = subprocess.run(
+        [sys.executable, "-m", "tune._cli.main", "validate", str(config), "--recipe", "eleuther_eval"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert validate.returncode == 0 and validate.stdout.startswith("OK:"), validate.stdout + validate.stderr
+
+    assets = _vision_llama_assets
+    transform = llama3_2_vision_transform(
+        str(root / "tokenizer.model"), image_size=assets.TILE_SIZE, max_seq_len=assets.MAX_SEQ_LEN
+    )
+    pictures = [picture for picture, _ in colour_pictures(6, assets.IMAGE_SIZE)]
+    answers = llama3_2_vision_answers(root, transform, pictures)
+    assert len(set(answers)) > 1, f"the reference gave {answers} for every picture: pick other pictures or seeds"
     overrides = [
-        f"output_dir={tmp_path}",
-        "device=cpu",
-        "dtype=fp32",
+        *eval_overrides(tmp_path / "out", write_task(tmp_path / "tasks", pictures, answers)),
+        *assets.model_overrides("tune.models.llama3_2_vision.llama3_2_vision_11b"),
         f"tokenizer.path={root / 'tokenizer.model'}",
+        f"tokenizer.image_size={assets.TILE_SIZE}",
+        f"tokenizer.max_seq_len={assets.MAX_SEQ_LEN}",
         f"checkpointer.checkpoint_dir={root / 'hf'}",
     ]
-    proc = run_recipe("eleuther_eval", config, overrides, cwd=tmp_path, check=False)
-    assert proc.returncode != 0
-    assert "a vision-language model transform, but eleuther_eval evaluates text models only" in proc.stderr
-    assert "lm_eval --model hf-multimodal" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_recipe("eleuther_eval", config, overrides, cwd=tmp_path, timeout=300)
+    assert TASK in proc.stdout and score(tmp_path / "out") == 1.0
