@@ -3,6 +3,7 @@
 import io
 import json
 import logging
+import mmap
 import os
 import platform
 import subprocess
@@ -25,14 +26,22 @@ from tune.training import (
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def _touched_pages(size: int) -> mmap.mmap:
+    """``size`` bytes of anonymous memory, every page written (resident). Mapped directly, so ``close()`` returns them
+    to the system whatever the allocator (glibc, or torch's, keeps freed blocks at its discretion)."""
+    pages = mmap.mmap(-1, size)
+    pages.write(b"\x01" * size)
+    return pages
+
+
 def test_cpu_memory_stats_report_process_rss():
     stats = get_memory_stats("cpu")
     assert set(stats) == {"peak_memory_rss", "memory_rss"}
     # torch alone keeps well over 50 MiB resident; the peak can never be below the current value
     assert 0.05 < stats["memory_rss"] <= stats["peak_memory_rss"]
-    big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    big = _touched_pages(64 * 2**20)
     peak_with_big = get_memory_stats("cpu")["peak_memory_rss"]
-    del big
+    big.close()  # unmapped: the process's RSS drops by 64 MiB
     if reset_peak_memory_stats("cpu"):  # Linux: the peak restarts from the current RSS, without the freed 64 MiB
         assert get_memory_stats("cpu")["peak_memory_rss"] < peak_with_big - 0.03
     with pytest.raises(ValueError, match="cpu, cuda or mps"):
@@ -176,8 +185,7 @@ def test_torchtunes_optim_in_bwd_hooks_and_wrapper_step_checkpoint_and_schedule(
 
 
 def test_get_memory_stats_resets_the_peak_by_default_and_logs(caplog):
-    big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-    del big
+    _touched_pages(64 * 2**20).close()  # 64 MiB resident for a moment, then unmapped
     with_big = get_memory_stats("cpu", reset_stats=False)["peak_memory_rss"]
     assert get_memory_stats("cpu", reset_stats=False)["peak_memory_rss"] >= with_big - 1e-6  # kept without reset
     get_memory_stats("cpu")  # reads, then starts a new window (Linux: /proc/self/clear_refs)
