@@ -32,7 +32,7 @@ from tune.modules import (
     TransformerDecoder,
     TransformerSelfAttentionLayer,
 )
-from tune.modules.peft import DoRALinear, LoRALinear
+from tune.modules.peft import DoRALinear, LoRALinear, get_adapter_params
 
 LORA_ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
 _POSITIONAL_OR_KEYWORD, _KEYWORD_ONLY = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
@@ -528,3 +528,27 @@ def check_torchtune_bpe_options(options: dict[str, Any]) -> None:
             f"Unsupported tokenizer option(s) {sorted(options)}: tune's Qwen tokenizers take their special tokens "
             "from tokenizer.json and decode invalid UTF-8 with errors='replace'; remove these arguments."
         )
+
+
+# What a vision-language LoRA builder can make of each part (decoder, encoder, fusion): torchtune's choices.
+TRAINABLE_CHOICES = ("frozen", "lora", "full")
+
+
+def trainable_choice(name: str, value: Any) -> str:
+    """A LoRA builder's choice for one part (``decoder_trainable=...``), lower-cased.
+
+    Raises:
+        ValueError: naming the argument, for a value outside :data:`TRAINABLE_CHOICES`.
+    """
+    choice = value.lower() if isinstance(value, str) else value
+    if choice not in TRAINABLE_CHOICES:
+        raise ValueError(f"{name} must be one of {list(TRAINABLE_CHOICES)}, got {value!r}.")
+    return choice
+
+
+def set_part_trainable(part: nn.Module, choice: "str | bool") -> None:
+    """``requires_grad`` for one part of a model: True or ``"full"`` every parameter, ``"lora"`` its adapters only,
+    False or ``"frozen"`` none."""
+    adapters = set(get_adapter_params(part)) if choice == "lora" else set()
+    for name, param in part.named_parameters():
+        param.requires_grad_(choice in (True, "full") or name in adapters)

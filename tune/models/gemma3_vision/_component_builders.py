@@ -12,16 +12,15 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
-from tune.models._common import lora_spec
+from tune.models._common import lora_spec, set_part_trainable, trainable_choice
 from tune.models.gemma3 import gemma3, lora_gemma3
 from tune.models.gemma3_vision._model import Gemma3MultiModalProjector, Gemma3VisionLanguageModel
 from tune.modules import TransformerDecoder
-from tune.modules.peft import DoRALinear, LoRALinear, get_adapter_params
+from tune.modules.peft import DoRALinear, LoRALinear
 from tune.modules.vision import SiglipVisionEncoder, siglip_vision_encoder
 
 # Gemma 3's image placeholder token (``image_token_index``): the first id after its SentencePiece vocabulary.
 IMAGE_TOKEN_ID = 262_144
-_TRAINABLE_CHOICES = ("frozen", "lora", "full")
 
 
 def gemma3_vision(
@@ -226,18 +225,14 @@ def _check_trainable_choices(decoder: str, encoder: str, fusion: str) -> tuple[s
     Raises:
         ValueError: naming the argument for a choice outside ``frozen, lora, full``, or ``lora`` on the projector.
     """
-    checked = []
-    for name, value in (("decoder_trainable", decoder), ("encoder_trainable", encoder), ("fusion_trainable", fusion)):
-        choice = value.lower() if isinstance(value, str) else value
-        if choice not in _TRAINABLE_CHOICES:
-            raise ValueError(f"{name} must be one of {list(_TRAINABLE_CHOICES)}, got {value!r}.")
-        checked.append(choice)
+    choices = (("decoder_trainable", decoder), ("encoder_trainable", encoder), ("fusion_trainable", fusion))
+    checked = tuple(trainable_choice(name, value) for name, value in choices)
     if checked[2] == "lora":
         raise ValueError(
             "fusion_trainable='lora' is not possible for Gemma 3: its projector is one matrix and a norm, with no "
             "linear layer to adapt; use 'frozen' or 'full'."
         )
-    return checked[0], checked[1], checked[2]
+    return checked
 
 
 def _lora_vision_linear(
@@ -274,6 +269,4 @@ def _set_trainable(model: Gemma3VisionLanguageModel, decoder: str, encoder: str,
     """Sets ``requires_grad`` part by part: ``"full"`` every parameter, ``"lora"`` the adapters only, ``"frozen"``
     none."""
     for part, choice in ((model.decoder, decoder), (model.encoder, encoder), (model.projector, fusion)):
-        adapters = set(get_adapter_params(part)) if choice == "lora" else set()
-        for name, param in part.named_parameters():
-            param.requires_grad_(choice == "full" or name in adapters)
+        set_part_trainable(part, choice)

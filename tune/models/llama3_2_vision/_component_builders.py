@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tune.models._common import LoRASpec, build_decoder, llama_intermediate_dim, lora_spec
+from tune.models._common import LoRASpec, build_decoder, llama_intermediate_dim, lora_spec, trainable_choice
 from tune.models.clip import clip_vision_encoder
 from tune.modules import (
     FeedForward,
@@ -499,11 +499,7 @@ class LoRATrainable(Enum):
 
 
 def _trainable(value: str, name: str) -> LoRATrainable:
-    try:
-        return LoRATrainable(str(value).lower())
-    except ValueError:
-        choices = ", ".join(repr(choice.value) for choice in LoRATrainable)
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}.") from None
+    return LoRATrainable(trainable_choice(name, value))
 
 
 def _encoder_args(

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from tune.models._common import LoRASpec, lora_spec
+from tune.models._common import LoRASpec, lora_spec, set_part_trainable, trainable_choice
 from tune.models.qwen2_5 import lora_qwen2, qwen2
 from tune.models.qwen2_5_vl._model import Qwen2_5_VisionLanguageModel
 from tune.modules import (
@@ -21,13 +21,12 @@ from tune.modules import (
     TransformerDecoder,
     TransformerSelfAttentionLayer,
 )
-from tune.modules.peft import DoRALinear, LoRALinear, get_adapter_params
+from tune.modules.peft import DoRALinear, LoRALinear
 from tune.modules.vision import QwenPatchMerger, QwenVisionTransformer, VisionRotaryEmbeddings2D
 
 # <|image_pad|> in Qwen2.5-VL's tokenizer (Qwen2_5_VLConfig's default image_token_id)
 IMAGE_TOKEN_ID = 151_655
 Trainable = Literal["frozen", "lora", "full"]
-_TRAINABLE = ("frozen", "lora", "full")
 
 
 def _linear(in_dim: int, out_dim: int, *, bias: bool, lora: LoRASpec | None) -> nn.Module:
@@ -189,19 +188,6 @@ def _decoder(*, lora: LoRASpec | None, mrope_section: Sequence[int], **dims: Any
     return decoder
 
 
-def _set_trainable(part: nn.Module, choice: str | bool) -> None:
-    """``True``/``"full"``: every parameter trains; ``False``/``"frozen"``: none; ``"lora"``: the adapters only."""
-    adapters = set(get_adapter_params(part)) if choice == "lora" else set()
-    for name, param in part.named_parameters():
-        param.requires_grad_(choice in (True, "full") or name in adapters)
-
-
-def _check_trainable(**choices: str) -> None:
-    for name, choice in choices.items():
-        if choice not in _TRAINABLE:
-            raise ValueError(f"{name} must be one of {list(_TRAINABLE)}, got {choice!r}.")
-
-
 def qwen2_5_vl(
     *,
     vocab_size: int,
@@ -314,11 +300,11 @@ def _qwen2_5_vl(
     )
     decoder = _decoder(lora=decoder_lora, mrope_section=mrope_section, **text_dims)
     model = Qwen2_5_VisionLanguageModel(encoder=encoder, decoder=decoder, image_token_id=image_token_id)
-    _set_trainable(model.decoder, decoder_trainable)
+    set_part_trainable(model.decoder, decoder_trainable)
     for name, module in model.encoder.named_children():
         if name != "merger":
-            _set_trainable(module, encoder_trainable)
-    _set_trainable(model.encoder.merger, fusion_trainable)
+            set_part_trainable(module, encoder_trainable)
+    set_part_trainable(model.encoder.merger, fusion_trainable)
     return model
 
 
@@ -396,8 +382,10 @@ def lora_qwen2_5_vl(
         ValueError: for an unknown trainable choice or module in ``lora_attn_modules``, or LoRA on a tied output.
     """
     arguments = dict(locals())
-    choices = {name: arguments.pop(name) for name in ("decoder_trainable", "encoder_trainable", "fusion_trainable")}
-    _check_trainable(**choices)
+    choices = {
+        name: trainable_choice(name, arguments.pop(name))
+        for name in ("decoder_trainable", "encoder_trainable", "fusion_trainable")
+    }
     spec_names = ("lora_attn_modules", "apply_lora_to_mlp", "apply_lora_to_output", "lora_rank", "lora_alpha")
     spec_names += ("lora_dropout", "use_dora", "quantize_base")
     spec = lora_spec(**{name: arguments.pop(name) for name in spec_names})
