@@ -286,6 +286,9 @@ class FullDPORecipeDistributed:
         with the same FSDP2 units and settings, and loaded shard by shard from a full state dict."""
         with training.set_default_dtype(self._dtype), torch.device("meta"):
             model = config.instantiate(cfg.model)  # no memory yet: each rank materialises only its shards
+        with config.errors_at("context_parallel_dim", self._dims.cp_size):  # a model it cannot slice is refused
+            training.check_context_parallel(model, self._dims.cp_size)
+        self._context_parallel = training.ContextParallel(self._dims.mesh["cp"], CROSS_ENTROPY_IGNORE_IDX)
         if trainable:  # the policy and the reference must score a sequence the same way: no dropout in either
             training.disable_dropout(model)
             if self._enable_activation_checkpointing:
@@ -380,10 +383,14 @@ class FullDPORecipeDistributed:
             reference = (reference_log_probs[:, 0], reference_log_probs[:, 1])
         elif self._ref_model is not None:
             with torch.no_grad():
-                reference = rlhf.model_sequence_log_probs(self._ref_model, tokens, labels, average_log_probs=average)
+                reference = rlhf.model_sequence_log_probs(
+                    self._ref_model, tokens, labels, average_log_probs=average, context_parallel=self._context_parallel
+                )
                 reference = reference.log_probs.chunk(2)
         with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
-            scores = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+            scores = rlhf.model_sequence_log_probs(
+                self._model, tokens, labels, average_log_probs=average, context_parallel=self._context_parallel
+            )
         policy = scores.log_probs.chunk(2)
         if reference is None:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy)

@@ -199,6 +199,9 @@ class FullFinetuneRecipeDistributed:
         if self._dims.ep_mesh is not None:  # each rank keeps whole experts; the MoE layers exchange tokens
             with config.errors_at("expert_parallel_dim", self._expert_parallel_dim):
                 training.apply_expert_parallel(model, self._dims.ep_mesh)
+        with config.errors_at("context_parallel_dim", self._dims.cp_size):  # a model it cannot slice is refused
+            training.check_context_parallel(model, self._dims.cp_size)
+        self._context_parallel = training.ContextParallel(self._dims.mesh["cp"], CROSS_ENTROPY_IGNORE_IDX)
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         config.shard_model(cfg, model, self._dims, self._checkpointer.model_family)  # FSDP2, as the config says
@@ -285,8 +288,11 @@ class FullFinetuneRecipeDistributed:
             they are read only at logging steps).
         """
         labels = shift_labels(batch["labels"], CROSS_ENTROPY_IGNORE_IDX)
-        outputs = self._model(batch["tokens"], **training.model_inputs(batch))
-        return self._router_aux_loss(self._loss_fn(outputs, labels), batch["tokens"], labels)
+        # context parallelism: this rank's chunks of every sequence (the batch as it is without it)
+        tokens, labels, inputs = self._context_parallel.shard(batch["tokens"], labels, training.model_inputs(batch))
+        outputs = self._model(tokens, **inputs)
+        loss, metrics = self._router_aux_loss(self._loss_fn(outputs, labels), tokens, labels)
+        return self._context_parallel.sum(loss), metrics  # the whole sequences' loss, on every rank of the group
 
     def train(self) -> None:
         """Runs the epochs: accumulate, clip, step, log, validate and save. Stops on a non-finite loss."""

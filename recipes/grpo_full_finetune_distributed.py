@@ -50,6 +50,7 @@ UNSUPPORTED = {
         "forward_batch_size to save memory"
     ),
     "tensor_parallel_dim": config.KeepDefault("the GRPO recipes shard with FSDP2 only"),
+    "context_parallel_dim": config.KeepDefault("generation needs each prompt's whole sequence on one rank"),
     "optimizer_in_bwd": "every PPO pass over a batch takes one optimizer step after its micro-batches",
     "fsdp_mixed_precision": "the GRPO recipes run the model in dtype",
     "compile": "generation changes the sequence shapes at every step",

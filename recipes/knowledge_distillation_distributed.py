@@ -43,6 +43,14 @@ RECIPE_INFO = {
     "optional_keys": ["finetune", "lora", "distributed"],
 }
 
+# settings this recipe does not support, with the reason (reported with the other problems)
+UNSUPPORTED = {
+    "context_parallel_dim": config.KeepDefault(
+        "distillation compares the student's and the teacher's whole vocabulary distributions per position; train "
+        "long sequences with the SFT recipes"
+    ),
+}
+
 log = utils.get_logger(name="tune.recipes.knowledge_distillation_distributed")
 
 
@@ -71,7 +79,9 @@ class KDRecipeDistributed:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
-        config.check_training_config(cfg, distributed=True)  # every problem of the settings at once
+        config.check_training_config(  # every problem of the settings at once
+            cfg, distributed=True, unsupported=UNSUPPORTED, tables=RECIPE_INFO["optional_keys"]
+        )
         with config.errors_at("kd_ratio", cfg.kd_ratio):
             training.check_kd_ratio(cfg.kd_ratio)
         self._kd_ratio = cfg.kd_ratio

@@ -241,6 +241,9 @@ class LoRADPORecipeDistributed:
         # the same seed on every rank (set in __init__, nothing random drawn since): equal adapters everywhere
         training.init_adapters(model, self._shard_device())
         # the policy and the reference (the same model, adapters off) must score a sequence the same way
+        with config.errors_at("context_parallel_dim", self._dims.cp_size):  # a model it cannot slice is refused
+            training.check_context_parallel(model, self._dims.cp_size)
+        self._context_parallel = training.ContextParallel(self._dims.mesh["cp"], CROSS_ENTROPY_IGNORE_IDX)
         training.disable_dropout(model)
         if self._enable_activation_checkpointing:
             training.apply_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
@@ -334,10 +337,14 @@ class LoRADPORecipeDistributed:
             reference = (looked_up[:, 0], looked_up[:, 1])
         elif not self._reference_free:  # the policy with its adapters disabled (its output layer's too)
             with torch.no_grad(), disable_adapter(self._model):
-                reference = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+                reference = rlhf.model_sequence_log_probs(
+                    self._model, tokens, labels, average_log_probs=average, context_parallel=self._context_parallel
+                )
                 reference = reference.log_probs.chunk(2)
         with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
-            scores = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+            scores = rlhf.model_sequence_log_probs(
+                self._model, tokens, labels, average_log_probs=average, context_parallel=self._context_parallel
+            )
         policy = scores.log_probs.chunk(2)
         if reference is None:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy)

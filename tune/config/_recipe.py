@@ -41,8 +41,8 @@ def init_parallel(cfg: DictConfig, device: "torch.device") -> "ParallelDims":
     """Starts the process group and builds the device meshes a distributed recipe's config asks for.
 
     Reads ``dist_backend`` (default NCCL for the model's tensors and gloo for CPU-side state on CUDA, the
-    platform's default otherwise), ``tensor_parallel_dim`` and ``expert_parallel_dim`` (1 where a recipe's config
-    has no such key). Logs the layout on rank 0. A collective.
+    platform's default otherwise), ``tensor_parallel_dim``, ``context_parallel_dim`` and ``expert_parallel_dim`` (1
+    where a recipe's config has no such key). Logs the layout on rank 0. A collective.
 
     Args:
         cfg (DictConfig): the recipe config.
@@ -67,8 +67,11 @@ def init_parallel(cfg: DictConfig, device: "torch.device") -> "ParallelDims":
         training.init_distributed(backend)
     world_size, rank = dist.get_world_size(), dist.get_rank()
     tp_dim = cfg.tensor_parallel_dim if "tensor_parallel_dim" in cfg else 1
-    with errors_at("tensor_parallel_dim", tp_dim):
-        mesh = training.init_device_mesh(world_size, tp_dim, device.type)
+    cp_dim = cfg.context_parallel_dim if "context_parallel_dim" in cfg else 1
+    tp_fits = isinstance(tp_dim, int) and not isinstance(tp_dim, bool) and tp_dim >= 1 and world_size % tp_dim == 0
+    key, value = ("context_parallel_dim", cp_dim) if tp_fits else ("tensor_parallel_dim", tp_dim)
+    with errors_at(key, value):  # the key whose value does not fit the world size
+        mesh = training.init_device_mesh(world_size, tp_dim, device.type, context_parallel_dim=cp_dim)
     ep_dim = cfg.expert_parallel_dim if "expert_parallel_dim" in cfg else 1
     ep_mesh = None  # expert parallelism: groups of expert_parallel_dim ranks, each holding whole experts
     if ep_dim > 1:
@@ -83,10 +86,12 @@ def init_parallel(cfg: DictConfig, device: "torch.device") -> "ParallelDims":
         dp_size=dp_size,
         tp_size=training.tensor_parallel_size(mesh),
         ep_mesh=ep_mesh,
+        cp_size=cp_dim,
     )
     log_rank_zero(
         log,
-        f"{world_size} processes: {dp_size} data-parallel shard(s) x {dims.tp_size} tensor-parallel rank(s), "
+        f"{world_size} processes: {dp_size} data-parallel shard(s) x {cp_dim} context-parallel x {dims.tp_size} "
+        "tensor-parallel rank(s), "
         f"{ep_dim} expert-parallel, backend {dist.get_backend()}.",
     )
     return dims
@@ -117,7 +122,7 @@ def shard_model(cfg: DictConfig, model: Any, dims: "ParallelDims", model_family:
         reshard_after_forward=cfg.fsdp_reshard_after_forward,
         param_dtype=get_dtype(mixed_precision["param_dtype"]) if mixed_precision.get("param_dtype") else None,
         reduce_dtype=get_dtype(mixed_precision.get("reduce_dtype", "fp32")),
-        dp_mesh=dims.mesh["dp_shard"],
+        dp_mesh=training.fsdp_mesh(dims.mesh),
         expert_mesh=dims.ep_mesh,
     )
 

@@ -60,6 +60,9 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
         "dist_backend": None,  # null: gloo on CPU; "cuda:nccl,cpu:gloo" on GPUs
         "tensor_parallel_dim": 1,
         "tensor_parallel_plan": None,  # null: the model family's plan
+        # ranks that share each sequence, a slice each (tune.training.ContextParallel): for sequences too long for
+        # one device's activations. Must divide the number of processes / tensor_parallel_dim
+        "context_parallel_dim": 1,
         "fsdp_cpu_offload": False,
         "fsdp_reshard_after_forward": True,
         "fsdp_mixed_precision": None,
@@ -386,7 +389,27 @@ def training_config_problems(cfg: DictConfig, *, distributed: bool = False) -> l
             ConfigProblem("router_aux_loss_coef", "must be a number >= 0 (0: logged, not trained on)", coef)
         )
     problems += _expert_parallel_problems(cfg, distributed)
+    problems += _context_parallel_problems(cfg)
     return problems
+
+
+def _context_parallel_problems(cfg: DictConfig) -> list[ConfigProblem]:
+    # the world size and the model are checked when known (init_parallel, check_context_parallel)
+    value = cfg.get("context_parallel_dim", 1)
+    if not _positive_int(value):
+        return [ConfigProblem("context_parallel_dim", "must be a positive integer (1: no context parallelism)", value)]
+    if value == 1:
+        return []
+    if cfg.get("expert_parallel_dim", 1) != 1:
+        reason = "cannot be combined with expert parallelism yet: set expert_parallel_dim: 1 or context_parallel_dim: 1"
+        return [ConfigProblem("context_parallel_dim", reason, value)]
+    if cfg.get("compile", False):
+        return [
+            ConfigProblem(
+                "context_parallel_dim", "cannot be combined with compile: true yet; set compile: false", value
+            )
+        ]
+    return []
 
 
 def _expert_parallel_problems(cfg: DictConfig, distributed: bool) -> list[ConfigProblem]:

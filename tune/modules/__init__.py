@@ -10,6 +10,7 @@ from tune.modules._attention_utils import (
     packed_block_causal_mask,
 )
 from tune.modules._cache_utils import delete_kv_caches, disable_kv_cache, local_kv_cache
+from tune.modules._context_parallel import ContextParallelMask
 from tune.modules._cross_attention import TransformerCrossAttentionLayer
 from tune.modules._decoder_wrapper import DecoderWrapper
 from tune.modules._feed_forward import FeedForward
@@ -27,6 +28,7 @@ from tune.modules._vision_transformer import VisionTransformer
 from tune.modules.low_precision import FrozenNF4Linear, reparametrize_as_dtype_state_dict_post_hook
 
 __all__ = [
+    "ContextParallelMask",
     "DecoderWrapper",
     "FeedForward",
     "Fp32LayerNorm",

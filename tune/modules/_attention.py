@@ -1,7 +1,8 @@
 """Multi-head attention with grouped key/value heads (MHA, GQA and MQA in one module).
 
 ``MultiHeadAttention.forward`` reads as the computation: projections, RoPE, KV cache, scaled dot-product attention,
-output projection. Two faster routes for packed batches are kept apart, each with the same result: on CPU, a
+output projection. Context parallelism hands q, k, v to the ``ContextParallelMask`` given as the mask
+(``_context_parallel``). Two faster routes for packed batches are kept apart, each with the same result: on CPU, a
 block-causal mask attends one document at a time (``_packed_attention`` explains it, ``split_packed_documents =
 False`` on a layer turns it off); on a GPU, the decoder passes the mask as a flex attention ``BlockMask``
 (``_flex_attention``).
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from tune.modules._context_parallel import ContextParallelMask
 from tune.modules._flex_attention import BlockMask, flex_attend
 from tune.modules._kv_cache import KVCache
 from tune.modules._packed_attention import MaskSpans, attend_documents, is_candidate_mask
@@ -250,6 +252,8 @@ class MultiHeadAttention(nn.Module):
         enable_gqa = self.num_kv_heads != self.num_heads
         if isinstance(mask, BlockMask):  # a packed batch on a GPU, see supports_block_mask
             return flex_attend(q, k, v, mask, scale=self.scale, enable_gqa=enable_gqa)
+        if isinstance(mask, ContextParallelMask):  # this rank holds a slice of the sequence (_context_parallel)
+            return mask.attend(q, k, v, scale=self.scale, enable_gqa=enable_gqa)
         spans = self._packed_document_spans(mask, q)
         if spans is not None:  # a packed batch on CPU: one causal call per document, same result (_packed_attention)
             return attend_documents(q, k, v, spans, scale=self.scale, dropout_p=dropout, enable_gqa=enable_gqa)

@@ -172,6 +172,7 @@ class TransformerDecoder(nn.Module):
     def _flex_mask_applies(self, mask: torch.Tensor) -> bool:
         return (
             self.use_flex_attention
+            and isinstance(mask, torch.Tensor)
             and mask.dim() == 3
             and mask.dtype == torch.bool
             and flex_attention_supported(mask.device)

@@ -5,7 +5,7 @@ Shapes: ``b`` sequences, ``s`` positions, ``v`` vocabulary entries. Labels follo
 """
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,9 @@ from torch.utils.checkpoint import checkpoint
 
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TiedLinear
+
+if TYPE_CHECKING:
+    from tune.training import ContextParallel
 
 # completion positions projected onto the vocabulary at once: 2,048 x a 128k vocabulary is 1 GiB of fp32 logits
 COMPLETION_CHUNK_SIZE = 2048
@@ -158,6 +161,7 @@ def sequence_log_probs(
     ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
     chunk_size: int = COMPLETION_CHUNK_SIZE,
     select_labelled: bool | None = None,
+    labels_shifted: bool = False,
 ) -> SequenceLogProbs:
     """:func:`get_batch_log_probs` and the logits metrics from a decoder's final hidden states, projecting only
     the positions that predict a label (the completions of preference pairs) onto the vocabulary.
@@ -185,6 +189,8 @@ def sequence_log_probs(
         chunk_size (int): labelled positions projected at once. Default 2048.
         select_labelled (bool | None): project the labelled positions only (True) or every position (False);
             None (default) selects on CPU only, as said above.
+        labels_shifted (bool): ``labels[t]`` is already the label position ``t`` predicts
+            (``tune.modules.loss.shift_labels``), as for a context-parallel rank's slice. Default False.
 
     Returns:
         SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]``.
@@ -200,25 +206,27 @@ def sequence_log_probs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of positions, got {chunk_size}.")
     num_rows, seq_len, dim = hidden.shape
-    scored = labels[:, 1:] != ignore_index  # [b, s - 1]: position t predicts label t + 1
+    # [b, s]: the label position t predicts (t + 1's, unless the caller shifted them already)
+    targets_grid = labels if labels_shifted else F.pad(labels[:, 1:], (0, 1), value=ignore_index)
+    scored = targets_grid != ignore_index
     if select_labelled is None:
         select_labelled = hidden.device.type == "cpu"
     if select_labelled:
         rows, columns = scored.nonzero(as_tuple=True)  # the labelled positions, row by row
     else:  # every position, in the same row-major order (no data-dependent shape)
-        rows = torch.arange(num_rows, device=labels.device).repeat_interleave(seq_len - 1)
-        columns = torch.arange(seq_len - 1, device=labels.device).repeat(num_rows)
+        rows = torch.arange(num_rows, device=labels.device).repeat_interleave(seq_len)
+        columns = torch.arange(seq_len, device=labels.device).repeat(num_rows)
     selected = hidden.reshape(-1, dim).index_select(0, rows * seq_len + columns)  # [n, d]
-    targets = labels[rows, columns + 1]  # [n]
+    targets = targets_grid[rows, columns]  # [n]
     keep = scored[rows, columns]  # all True when selected
     token_log_probs, mean_logits = _project_log_probs(selected, targets.masked_fill(~keep, 0), projection, chunk_size)
     if not select_labelled:  # the unlabelled positions count for nothing (their gradient is zeroed too)
         token_log_probs, mean_logits = token_log_probs * keep, mean_logits * keep
-    # back on the [b, s - 1] grid (0 elsewhere) and summed per row, as get_batch_log_probs sums
-    flat = rows * (seq_len - 1) + columns
-    grid = token_log_probs.new_zeros(num_rows * (seq_len - 1))
-    log_probs = grid.index_copy(0, flat, token_log_probs).view(num_rows, seq_len - 1).sum(dim=-1)
-    logit_sums = grid.index_copy(0, flat, mean_logits).view(num_rows, seq_len - 1).sum(dim=-1)
+    # back on the [b, s] grid (0 elsewhere) and summed per row, as get_batch_log_probs sums
+    flat = rows * seq_len + columns
+    grid = token_log_probs.new_zeros(num_rows * seq_len)
+    log_probs = grid.index_copy(0, flat, token_log_probs).view(num_rows, seq_len).sum(dim=-1)
+    logit_sums = grid.index_copy(0, flat, mean_logits).view(num_rows, seq_len).sum(dim=-1)
     num_tokens = scored.sum(dim=-1)
     if average_log_probs:
         log_probs = log_probs / num_tokens.clamp(min=1)
@@ -232,6 +240,7 @@ def model_sequence_log_probs(
     *,
     average_log_probs: bool = False,
     ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
+    context_parallel: "ContextParallel | None" = None,
 ) -> SequenceLogProbs:
     """Runs ``model`` on ``tokens`` and scores the labelled tokens (the completions): :class:`SequenceLogProbs`.
 
@@ -247,10 +256,15 @@ def model_sequence_log_probs(
         labels (torch.Tensor): ``[b, s]``, not shifted; ``ignore_index`` outside the completions.
         average_log_probs (bool): means over the labelled tokens instead of sums (IPO, SimPO). Default False.
         ignore_index (int): the ignored label. Default -100.
+        context_parallel (tune.training.ContextParallel | None): under context parallelism, this rank runs its
+            chunks of each sequence and the per-row sums are added over the group (every rank gets the whole rows'
+            values). Default None.
 
     Returns:
         SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]``.
     """
+    if context_parallel is not None and context_parallel.enabled:
+        return _context_parallel_log_probs(model, tokens, labels, average_log_probs, ignore_index, context_parallel)
     projection = getattr(model, "output", None)
     if projection is None or not hasattr(model, "skip_output_layer"):
         logits = model(tokens)
@@ -385,3 +399,28 @@ def get_reward_penalty_mask(
     if min_response_length is not None:
         penalise = penalise | (seq_lens < min_response_length)
     return penalise
+
+
+def _context_parallel_log_probs(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    average_log_probs: bool,
+    ignore_index: int,
+    context_parallel: "ContextParallel",
+) -> SequenceLogProbs:
+    if not hasattr(model, "skip_output_layer"):
+        raise ValueError("context parallelism scores sequences with tune decoders (a model with skip_output_layer).")
+    targets = F.pad(labels[:, 1:], (0, 1), value=ignore_index)  # shifted before the sequence is cut
+    tokens, targets, inputs = context_parallel.shard(tokens, targets, {})
+    previous = model.skip_output_layer
+    model.skip_output_layer = True
+    try:
+        hidden = model(tokens, **inputs)
+    finally:
+        model.skip_output_layer = previous
+    scores = sequence_log_probs(hidden, targets, model.output, ignore_index=ignore_index, labels_shifted=True)
+    log_probs, logit_sums, num_tokens = (context_parallel.sum(value) for value in scores)
+    if average_log_probs:
+        log_probs = log_probs / num_tokens.clamp(min=1)
+    return SequenceLogProbs(log_probs, logit_sums, num_tokens)

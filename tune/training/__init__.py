@@ -12,6 +12,7 @@ from tune.modules.loss import shift_labels
 from tune.training._adapters import load_lora_state_dicts, lora_checkpoint_payload, prepare_lora_model
 from tune.training._batch import MODEL_INPUT_KEYS, batch_to_device, model_inputs
 from tune.training._compile import compile_loss, compile_model
+from tune.training._context_parallel import ContextParallel, check_context_parallel
 from tune.training._distillation import (
     check_kd_ratio,
     check_same_vocabulary,
@@ -64,9 +65,11 @@ from tune.training._moe import RouterAuxLoss
 from tune.training._parallel import (
     ParallelDims,
     apply_tensor_parallel,
+    context_parallel_size,
     data_parallel_rank_and_size,
     family_shard_conditions,
     family_tensor_parallel_plan,
+    fsdp_mesh,
     init_device_mesh,
     prepare_mha_for_tp,
     tensor_parallel_size,
@@ -145,6 +148,7 @@ from tune.training.seed import set_seed
 from tune.utils import get_world_size_and_rank
 
 __all__ = [
+    "ContextParallel",
     "RecipeState",
     "sharded_optimizer_state",
     "sharded_model_state",
@@ -198,6 +202,8 @@ __all__ = [
     "apply_model_converters",
     "apply_selective_activation_checkpointing",
     "apply_tensor_parallel",
+    "check_context_parallel",
+    "context_parallel_size",
     "auto_finetuning_phases",
     "check_kd_ratio",
     "check_loss_is_finite",
@@ -211,6 +217,7 @@ __all__ = [
     "count_tokens",
     "create_optim_in_bwd_wrapper",
     "data_parallel_rank_and_size",
+    "fsdp_mesh",
     "disable_dropout",
     "distillation_loss",
     "errors_on_all_ranks",

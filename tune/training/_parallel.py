@@ -1,8 +1,9 @@
 """Device meshes and tensor parallelism for the distributed recipes.
 
-The ranks form a 2-D mesh ``(dp_shard, tp)``: ranks in one ``tp`` group (neighbours, so on one node) split
+The ranks form a 3-D mesh ``(dp_shard, cp, tp)``: ranks in one ``cp`` group share each batch, a slice of every
+sequence each (``tune.training.ContextParallel``); ranks in one ``tp`` group (neighbours, so on one node) split
 each layer's matrices with tensor parallelism, and FSDP2 shards what each tp group holds across the
-``dp_shard`` groups. A rank's data is that of its ``dp_shard`` index: the ranks of a tp group see the same
+``dp_shard`` (x ``cp``) ranks. A rank's data is that of its ``dp_shard`` index: the ranks of a tp group see the same
 batch. Model code stays single-device: the family's plan (``tune.registry``) names the styles, and
 :func:`apply_tensor_parallel` applies it from outside.
 """
@@ -20,7 +21,7 @@ from tune.utils import get_logger
 
 log = get_logger(name=__name__)
 
-DP_SHARD, TP = "dp_shard", "tp"
+DP_SHARD, CP, TP = "dp_shard", "cp", "tp"
 
 
 def _divisors(n: int) -> list[int]:
@@ -31,9 +32,11 @@ def _common_divisors(a: int, b: int) -> list[int]:
     return [d for d in _divisors(a) if b % d == 0]
 
 
-def init_device_mesh(world_size: int, tensor_parallel_dim: int = 1, device_type: str = "cpu") -> Any:
-    """The ``(dp_shard, tp)`` device mesh of a run: ``world_size // tensor_parallel_dim`` data-parallel shards of
-    ``tensor_parallel_dim`` ranks each.
+def init_device_mesh(
+    world_size: int, tensor_parallel_dim: int = 1, device_type: str = "cpu", context_parallel_dim: int = 1
+) -> Any:
+    """The ``(dp_shard, cp, tp)`` device mesh of a run: ``world_size // (context_parallel_dim x tensor_parallel_dim)``
+    data-parallel shards, each of ``context_parallel_dim`` groups of ``tensor_parallel_dim`` ranks.
 
     A collective: every rank calls it with the same arguments, after :func:`tune.training.init_distributed`.
 
@@ -41,17 +44,19 @@ def init_device_mesh(world_size: int, tensor_parallel_dim: int = 1, device_type:
         world_size (int): the number of processes (``torch.distributed.get_world_size()``).
         tensor_parallel_dim (int): ranks per tensor-parallel group; 1 for FSDP only.
         device_type (str): ``"cuda"`` or ``"cpu"``.
+        context_parallel_dim (int): ranks that share each sequence (``tune.training.ContextParallel``); 1 for none.
 
     Returns:
-        DeviceMesh: 2-D, with dimensions named ``"dp_shard"`` and ``"tp"``.
+        DeviceMesh: 3-D, with dimensions named ``"dp_shard"``, ``"cp"`` and ``"tp"``.
 
     Raises:
-        ValueError: if ``tensor_parallel_dim`` is not a positive divisor of ``world_size``.
+        ValueError: if ``tensor_parallel_dim x context_parallel_dim`` is not a positive divisor of ``world_size``.
     """
     from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 
-    if isinstance(tensor_parallel_dim, bool) or not isinstance(tensor_parallel_dim, int) or tensor_parallel_dim < 1:
-        raise ValueError(f"tensor_parallel_dim must be a positive integer, got {tensor_parallel_dim!r}.")
+    for key, value in (("tensor_parallel_dim", tensor_parallel_dim), ("context_parallel_dim", context_parallel_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}.")
     if world_size % tensor_parallel_dim:
         raise ValueError(
             f"tensor_parallel_dim={tensor_parallel_dim} does not divide the world size {world_size}: every "
@@ -59,8 +64,15 @@ def init_device_mesh(world_size: int, tensor_parallel_dim: int = 1, device_type:
             f"{_divisors(world_size)}, or launch a multiple of {tensor_parallel_dim} processes "
             "(--nproc_per_node x --nnodes)."
         )
-    shape = (world_size // tensor_parallel_dim, tensor_parallel_dim)
-    return torch_init_device_mesh(device_type, shape, mesh_dim_names=(DP_SHARD, TP))
+    if (world_size // tensor_parallel_dim) % context_parallel_dim:
+        raise ValueError(
+            f"context_parallel_dim={context_parallel_dim} does not divide the {world_size // tensor_parallel_dim} "
+            f"groups of tensor_parallel_dim={tensor_parallel_dim} rank(s) of the world size {world_size}. Use a "
+            f"context_parallel_dim in {_divisors(world_size // tensor_parallel_dim)}, or launch a multiple of "
+            f"{context_parallel_dim * tensor_parallel_dim} processes (--nproc_per_node x --nnodes)."
+        )
+    shape = (world_size // (context_parallel_dim * tensor_parallel_dim), context_parallel_dim, tensor_parallel_dim)
+    return torch_init_device_mesh(device_type, shape, mesh_dim_names=(DP_SHARD, CP, TP))
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -183,6 +195,19 @@ def tensor_parallel_size(mesh: Any) -> int:
     return 1 if mesh is None else mesh.size(mesh.mesh_dim_names.index(TP))
 
 
+def context_parallel_size(mesh: Any) -> int:
+    """The number of ranks in a context-parallel group of ``mesh`` (1 without a mesh or a ``cp`` dimension)."""
+    return 1 if mesh is None or CP not in mesh.mesh_dim_names else mesh.size(mesh.mesh_dim_names.index(CP))
+
+
+def fsdp_mesh(mesh: Any) -> Any:
+    """The mesh FSDP shards over: ``dp_shard``, or ``dp_shard x cp`` flattened under context parallelism (the ranks
+    of a ``cp`` group hold the same weights, so they shard them too)."""
+    if context_parallel_size(mesh) == 1:
+        return mesh[DP_SHARD]
+    return mesh[DP_SHARD, CP]._flatten(f"{DP_SHARD}_{CP}")
+
+
 def family_tensor_parallel_plan(model: nn.Module, model_type: str | None) -> dict[str, Any]:
     """The tensor-parallel plan the model family of ``model_type`` registers, for ``model``.
 
@@ -260,6 +285,7 @@ class ParallelDims:
         dp_size (int): the number of data-parallel shards.
         tp_size (int): ranks per tensor-parallel group (they share one batch).
         ep_mesh (Any): the ``(edp, ep)`` mesh of expert parallelism, or ``None`` without it.
+        cp_size (int): ranks per context-parallel group (they share one batch, a slice of each sequence each).
     """
 
     world_size: int
@@ -269,3 +295,4 @@ class ParallelDims:
     dp_size: int
     tp_size: int = 1
     ep_mesh: Any = None
+    cp_size: int = 1

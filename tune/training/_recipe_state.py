@@ -318,7 +318,8 @@ def step_metrics(
         extra (Iterable[Mapping[str, Any]]): more metrics; tensor values are read as numbers.
         memory_device (torch.device | None): add the peak memory stats of this device (None: leave them out).
         parallel (ParallelDims | None): the layout of a distributed run: ``tokens_per_second`` is then this rank's,
-            summed over all ranks (a collective; a tensor-parallel group shares one batch and counts once), and
+            summed over all ranks (a collective; a tensor- or context-parallel group shares one batch and counts
+            once), and
             ``tokens_per_second_per_gpu`` is logged too. None: a single-process run.
 
     Returns:
@@ -332,7 +333,8 @@ def step_metrics(
         from tune.training._distributed import all_reduce_sum
 
         rank_tps = torch.tensor(tokens_per_second, dtype=torch.float64, device=parallel.mesh.device_type)
-        metrics["tokens_per_second"] = all_reduce_sum(rank_tps).item() / parallel.tp_size
+        # the ranks of a tensor- or context-parallel group share one batch: it counts once
+        metrics["tokens_per_second"] = all_reduce_sum(rank_tps).item() / (parallel.tp_size * parallel.cp_size)
         metrics["tokens_per_second_per_gpu"] = metrics["tokens_per_second"] / parallel.world_size
     if grad_norm is not None:
         metrics["grad_norm"] = grad_norm.item()
