@@ -97,6 +97,18 @@ def _block_backward(
 Segment = tuple[int, int, list[tuple[int, int, bool]]]
 
 
+def causal_segments(rank: int, size: int, chunk_len: int) -> list[Segment]:
+    """What each of ``rank``'s two chunks attends under causal attention: the earlier chunks' keys without a mask,
+    then its own chunk causally."""
+    segments = []
+    for index, chunk in enumerate(load_balanced_chunks(rank, size)):
+        start = chunk * chunk_len
+        blocks = [(0, start, False)] if start else []
+        blocks.append((start, start + chunk_len, True))
+        segments.append((index * chunk_len, (index + 1) * chunk_len, blocks))
+    return segments
+
+
 class _ChunkedCausalAttention(torch.autograd.Function):
     """Causal attention of this rank's query chunks over the whole sequence's keys, without a mask.
 
@@ -211,16 +223,6 @@ class ContextParallelMask:
             chunks[second] = gathered[rank, :, :, self.chunk_len :]
         return torch.cat(chunks, dim=2)
 
-    def segments(self) -> list[Segment]:
-        """For each local chunk: the earlier chunks' keys without a mask, then its own chunk causally."""
-        segments = []
-        for index, chunk in enumerate(load_balanced_chunks(self.rank, self.size)):
-            start = chunk * self.chunk_len
-            blocks = [(0, start, False)] if start else []
-            blocks.append((start, start + self.chunk_len, True))
-            segments.append((index * self.chunk_len, (index + 1) * self.chunk_len, blocks))
-        return segments
-
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, enable_gqa: bool
     ) -> torch.Tensor:
@@ -236,4 +238,5 @@ class ContextParallelMask:
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=self.dense_mask[:, None], scale=scale, enable_gqa=enable_gqa
             )
-        return _ChunkedCausalAttention.apply(q, k, v, self.segments(), scale)
+        segments = causal_segments(self.rank, self.size, self.chunk_len)
+        return _ChunkedCausalAttention.apply(q, k, v, segments, scale)
