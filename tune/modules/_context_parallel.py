@@ -8,10 +8,11 @@ What a layer computes. Queries stay on their rank; keys and values are gathered 
 all-gather in forward, a reduce-scatter of their gradients in backward), as the Llama 3 report describes for its
 long-context training (https://arxiv.org/abs/2407.21783, section 3.3.2). Each local chunk then attends:
 
-- without a mask (unpacked rows): the keys of the earlier chunks without masking, and its own chunk causally.
-  :class:`_ChunkedCausalAttention` runs the two blocks with the fused kernels that also return the softmax
+- without a mask (unpacked rows): every earlier chunk's keys without masking, and its own chunk causally.
+  :class:`_CausalChunkAttention` runs one block per key chunk with the fused kernels that also return the softmax
   normaliser (log-sum-exp), merges them exactly, and computes the gradients block by block from the merged output,
-  so nothing of size ``C x S`` is ever stored;
+  so nothing of size ``C x S`` is ever stored, and the gathered keys are neither reordered nor expanded to the
+  query heads;
 - with a dense mask (packed rows, padding-free batches): its rows of the mask over all keys, in one masked SDPA call
   (the mask itself is ``S x S`` already).
 
@@ -92,90 +93,124 @@ def _block_backward(
     return grad_q, grad_k, grad_v
 
 
-# A segment of the local queries and the key blocks it attends: (query start, query end, [(key start, key end,
-# causal), ...]), in local query and global key indices.
-Segment = tuple[int, int, list[tuple[int, int, bool]]]
+# A block of keys for a query chunk: (the rank holding it, which of that rank's two chunks it is, whether the
+# query chunk attends it causally, i.e. it is the query chunk itself).
+Block = tuple[int, int, bool]
 
 
-def causal_segments(rank: int, size: int, chunk_len: int) -> list[Segment]:
-    """What each of ``rank``'s two chunks attends under causal attention: the earlier chunks' keys without a mask,
-    then its own chunk causally."""
-    segments = []
-    for index, chunk in enumerate(load_balanced_chunks(rank, size)):
-        start = chunk * chunk_len
-        blocks = [(0, start, False)] if start else []
-        blocks.append((start, start + chunk_len, True))
-        segments.append((index * chunk_len, (index + 1) * chunk_len, blocks))
-    return segments
+def causal_blocks(rank: int, size: int) -> list[list[Block]]:
+    """For each of ``rank``'s two chunks (in local order), the key chunks causal attention reads: every earlier
+    chunk whole, then its own causally; each named by where the gathered keys hold it."""
+    holder = {chunk: (r, half) for r in range(size) for half, chunk in enumerate(load_balanced_chunks(r, size))}
+    return [[(*holder[key], key == chunk) for key in range(chunk + 1)] for chunk in load_balanced_chunks(rank, size)]
 
 
-class _ChunkedCausalAttention(torch.autograd.Function):
-    """Causal attention of this rank's query chunks over the whole sequence's keys, without a mask.
+def _stack_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[b, h, L, ...] -> [b, h_kv, groups * L, ...]: the query heads that share a key/value head, one after the
+    other, so that they attend the unexpanded keys (query head h uses key/value head h // groups)."""
+    batch_size, heads, length = x.shape[:3]
+    return x.reshape(batch_size, heads // groups, groups * length, *x.shape[3:])
 
-    q [b, h, s_local, d]; k, v [b, h_kv, S, d] in global order. Each segment's blocks are merged through their
-    log-sum-exps; backward recomputes nothing but runs each block's backward kernel with the merged statistics.
-    Saves q, the unexpanded k and v, the output and the log-sum-exp: linear in the sequence length.
+
+def _unstack_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    batch_size, kv_heads, length = x.shape[:3]
+    return x.reshape(batch_size, kv_heads * groups, length // groups, *x.shape[3:])
+
+
+def _expand_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x.repeat_interleave(groups, dim=1)
+
+
+def _sum_heads(grad: torch.Tensor, groups: int) -> torch.Tensor:
+    batch_size, heads, length, head_dim = grad.shape
+    return grad.view(batch_size, heads // groups, groups, length, head_dim).sum(2)
+
+
+def _grouped_forward(
+    q: torch.Tensor, q_stacked: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block with grouped heads: stacked queries over the unexpanded keys (no copy of the keys), except for the
+    causal block, whose mask needs the query positions in place: its one chunk of keys is expanded instead."""
+    groups = q.shape[1] // k.shape[1]
+    if groups == 1:
+        return _block_forward(q, k, v, causal, scale)
+    if causal:
+        return _block_forward(q, _expand_heads(k, groups), _expand_heads(v, groups), True, scale)
+    out, lse = _block_forward(q_stacked, k, v, False, scale)
+    return _unstack_heads(out, groups), _unstack_heads(lse, groups)
+
+
+def _grouped_backward(
+    chunk: list[torch.Tensor], stacked: list[torch.Tensor], k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_block_backward` of :func:`_grouped_forward`'s block; ``chunk`` and ``stacked`` hold the chunk's
+    (grad_out, q, out, lse), as they are and with stacked heads."""
+    grad_out, q, out, lse = chunk
+    groups = q.shape[1] // k.shape[1]
+    if groups == 1:
+        return _block_backward(grad_out, q, k, v, out, lse, causal, scale)
+    if causal:
+        k_heads, v_heads = _expand_heads(k, groups), _expand_heads(v, groups)
+        grad_q, grad_k, grad_v = _block_backward(grad_out, q, k_heads, v_heads, out, lse, True, scale)
+        return grad_q, _sum_heads(grad_k, groups), _sum_heads(grad_v, groups)
+    grad_out, q, out, lse = stacked
+    grad_q, grad_k, grad_v = _block_backward(grad_out, q, k, v, out, lse, False, scale)
+    return _unstack_heads(grad_q, groups), grad_k, grad_v
+
+
+class _CausalChunkAttention(torch.autograd.Function):
+    """Causal attention of this rank's two query chunks over every rank's keys, without a mask.
+
+    q [b, h, 2C, d]; k, v [size, b, h_kv, 2C, d] as gathered (rank r's chunks r and 2 size - 1 - r). Each query
+    chunk attends its blocks (:func:`causal_blocks`) one kernel call each, merged through their log-sum-exps;
+    backward runs each block's backward kernel with the merged output and log-sum-exp, and adds the key and value
+    gradients into the gathered layout, which the all-gather's backward then sums back to their ranks. Saves q, the
+    gathered k and v, the output and the log-sum-exp; keys are never copied into global order or expanded to the
+    query heads (only a causal block's one chunk is).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, segments: list[Segment], scale: float):
-        groups = q.shape[1] // k.shape[1]
-        k_heads, v_heads = _expand_heads(k, groups), _expand_heads(v, groups)
+    def forward(ctx, q, k, v, plan: list[list[Block]], scale: float):
+        chunk_len, groups = q.shape[2] // 2, q.shape[1] // k.shape[2]
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = q.new_empty(q.shape[:3], dtype=torch.float32)
-        for q_start, q_end, blocks in segments:
-            q_seg = q[:, :, q_start:q_end]
+        for index, blocks in enumerate(plan):
+            rows = slice(index * chunk_len, (index + 1) * chunk_len)
+            q_chunk = q[:, :, rows]
+            q_stacked = _stack_heads(q_chunk, groups) if groups > 1 else q_chunk
             merged_out, merged_lse = None, None
-            for k_start, k_end, causal in blocks:
-                block_out, block_lse = _block_forward(
-                    q_seg, k_heads[:, :, k_start:k_end], v_heads[:, :, k_start:k_end], causal, scale
+            for rank, half, causal in blocks:
+                cols = slice(half * chunk_len, (half + 1) * chunk_len)
+                block_out, block_lse = _grouped_forward(
+                    q_chunk, q_stacked, k[rank, :, :, cols], v[rank, :, :, cols], causal, scale
                 )
                 merged_out, merged_lse = _merge(merged_out, merged_lse, block_out.float(), block_lse)
-            out[:, :, q_start:q_end] = merged_out
-            lse[:, :, q_start:q_end] = merged_lse
+            out[:, :, rows] = merged_out
+            lse[:, :, rows] = merged_lse
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.segments, ctx.scale = segments, scale
+        ctx.plan, ctx.scale = plan, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        groups = q.shape[1] // k.shape[1]
-        k_heads, v_heads = _expand_heads(k, groups), _expand_heads(v, groups)
+        chunk_len, groups = q.shape[2] // 2, q.shape[1] // k.shape[2]
         grad_out = grad_out.contiguous()
         grad_q = torch.zeros_like(q, memory_format=torch.contiguous_format)
-        grad_k = torch.zeros_like(k_heads, memory_format=torch.contiguous_format)
-        grad_v = torch.zeros_like(v_heads, memory_format=torch.contiguous_format)
-        for q_start, q_end, blocks in ctx.segments:
-            rows = slice(q_start, q_end)
-            for k_start, k_end, causal in blocks:
-                cols = slice(k_start, k_end)
-                dq, dk, dv = _block_backward(
-                    grad_out[:, :, rows],
-                    q[:, :, rows],
-                    k_heads[:, :, cols],
-                    v_heads[:, :, cols],
-                    out[:, :, rows],
-                    lse[:, :, rows],
-                    causal,
-                    ctx.scale,
+        grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
+        for index, blocks in enumerate(ctx.plan):
+            rows = slice(index * chunk_len, (index + 1) * chunk_len)
+            chunk = [grad_out[:, :, rows], q[:, :, rows], out[:, :, rows], lse[:, :, rows]]
+            stacked = [_stack_heads(t, groups) for t in chunk] if groups > 1 else chunk
+            for rank, half, causal in blocks:
+                cols = slice(half * chunk_len, (half + 1) * chunk_len)
+                dq, dk, dv = _grouped_backward(
+                    chunk, stacked, k[rank, :, :, cols], v[rank, :, :, cols], causal, ctx.scale
                 )
                 grad_q[:, :, rows] += dq
-                grad_k[:, :, cols] += dk
-                grad_v[:, :, cols] += dv
-        return grad_q, _sum_heads(grad_k, groups), _sum_heads(grad_v, groups), None, None
-
-
-def _expand_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
-    # query head h uses key/value head h // groups (grouped-query attention)
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
-def _sum_heads(grad: torch.Tensor, groups: int) -> torch.Tensor:
-    if groups == 1:
-        return grad
-    batch_size, heads, seq_len, head_dim = grad.shape
-    return grad.view(batch_size, heads // groups, groups, seq_len, head_dim).sum(2)
+                grad_k[rank, :, :, cols] += dk
+                grad_v[rank, :, :, cols] += dv
+        return grad_q, grad_k, grad_v, None, None
 
 
 def _merge(
@@ -233,10 +268,10 @@ class ContextParallelMask:
                 f"context parallelism over {self.size} ranks expects {2 * self.chunk_len} local positions (2 chunks of "
                 f"{self.chunk_len}), got {q.shape[2]}: shard the batch with tune.training.ContextParallel.shard."
             )
-        k, v = self.gather(k), self.gather(v)
         if self.dense_mask is not None:
+            k, v = self.gather(k), self.gather(v)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=self.dense_mask[:, None], scale=scale, enable_gqa=enable_gqa
             )
-        segments = causal_segments(self.rank, self.size, self.chunk_len)
-        return _ChunkedCausalAttention.apply(q, k, v, segments, scale)
+        k, v = _GatherSequence.apply(k, self.group), _GatherSequence.apply(v, self.group)
+        return _CausalChunkAttention.apply(q, k, v, causal_blocks(self.rank, self.size), scale)
