@@ -7,7 +7,8 @@ sums its chunks' token losses over the group (``ContextParallel.sum``) and FSDP2
 whole batch in one process. Families: Llama 3 (grouped-query heads), Qwen2 (q/k/v biases, tied embeddings), Qwen3
 (per-head q/k norms) and a LoRA Llama; batches: unpadded rows whose length is not a multiple of ``2 x cp`` (padded
 by ``shard``), and packed rows with documents crossing the ranks' chunks (block-causal mask, per-document positions).
-Layouts: 2 ranks (cp 2), 4 ranks (cp 4, and 2 data-parallel x 2 context-parallel).
+Layouts: 2 ranks (cp 2), 4 ranks (cp 4; 2 data-parallel x 2 context-parallel; 2 context-parallel x 2
+tensor-parallel, for the families with a tensor-parallel plan).
 """
 
 import pytest
@@ -17,8 +18,8 @@ from torch import nn
 
 from tune.config import ConfigError, apply_defaults, check_training_config
 from tune.models.gemma2 import gemma2
-from tune.models.llama3 import llama3, lora_llama3
-from tune.models.qwen2_5 import qwen2
+from tune.models.llama3 import base_llama_tp_plan, llama3, lora_llama3
+from tune.models.qwen2_5 import base_qwen_tp_plan, qwen2
 from tune.models.qwen3 import qwen3
 from tune.models.qwen3_moe import qwen3_moe
 from tune.modules import TransformerSelfAttentionLayer, get_block_causal_mask_from_document_ids
@@ -26,6 +27,7 @@ from tune.modules.loss import LinearCrossEntropyLoss, shift_labels
 from tune.training import (
     ContextParallel,
     all_reduce_sum,
+    apply_tensor_parallel,
     check_context_parallel,
     clip_grad_norm,
     data_parallel_rank_and_size,
@@ -43,6 +45,7 @@ SIZES = dict(
     vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=64, intermediate_dim=48
 )
 KINDS = ("llama", "qwen2", "qwen3", "lora")
+TP_PLANS = {"llama": base_llama_tp_plan, "qwen2": base_qwen_tp_plan}
 ROWS, SEQ_LEN = 4, 30  # 30 is not a multiple of 4 or 8: the last chunk is padded
 
 
@@ -98,11 +101,13 @@ def _worker(rank: int, world: int, layouts: list, store: str, states: dict, resu
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     results = {}
-    for cp in layouts:
-        mesh = init_device_mesh(world, 1, "cpu", context_parallel_dim=cp)
+    for cp, tp in layouts:
+        mesh = init_device_mesh(world, tp, "cpu", context_parallel_dim=cp)
         dp_rank, dp_size = data_parallel_rank_and_size(mesh)
         rows = slice(dp_rank * ROWS // dp_size, (dp_rank + 1) * ROWS // dp_size)  # this shard's rows of the batch
         for kind, state in states.items():
+            if tp > 1 and kind not in TP_PLANS:
+                continue
             for packed in (False, True):
                 with torch.device("meta"):
                     model = _build(kind)
@@ -110,10 +115,12 @@ def _worker(rank: int, world: int, layouts: list, store: str, states: dict, resu
                 if kind == "lora":
                     for name, param in model.named_parameters():
                         param.requires_grad_("lora_" in name)
+                if tp > 1:  # the heads and MLP columns split over the tp ranks, each attending its heads' keys
+                    apply_tensor_parallel(model, TP_PLANS[kind](model), mesh["tp"])
                 shard_model(model, [TransformerSelfAttentionLayer], dp_mesh=fsdp_mesh(mesh))
                 load_from_full_model_state_dict(model, state, strict=True)
                 steps = _train(model, packed, ContextParallel(mesh["cp"]), rows)
-                results[(cp, kind, packed)] = {"steps": steps, "state": gather_cpu_state_dict(model)}
+                results[(cp, tp, kind, packed)] = {"steps": steps, "state": gather_cpu_state_dict(model)}
     if rank == 0:
         torch.save(results, result_path)
     torch.distributed.destroy_process_group()
@@ -138,27 +145,28 @@ def _expected() -> tuple[dict, dict]:
     return states, expected
 
 
-def _compare(results: dict, expected: dict, layouts: list, label: str) -> None:
+def _compare(results: dict, expected: dict, label: str) -> None:
     worst_loss = worst_weight = 0.0
-    for (cp, kind, packed), got in results.items():
+    for (cp, tp, kind, packed), got in results.items():
         want = expected[(kind, packed)]
         losses, norms = zip(*got["steps"])
         ref_losses, ref_norms = zip(*want["steps"])
-        assert list(losses) == pytest.approx(ref_losses, abs=1e-5, rel=0), (label, cp, kind, packed)
-        assert list(norms) == pytest.approx(ref_norms, rel=1e-5), (label, cp, kind, packed)
+        assert list(losses) == pytest.approx(ref_losses, abs=1e-5, rel=0), (label, cp, tp, kind, packed)
+        assert list(norms) == pytest.approx(ref_norms, rel=1e-5), (label, cp, tp, kind, packed)
         worst_loss = max(worst_loss, max(abs(a - b) for a, b in zip(losses, ref_losses)))
         for key, value in want["state"].items():
             difference = (got["state"][key] - value).abs().max().item()
             worst_weight = max(worst_weight, difference)
-            assert difference < 2e-5, (label, cp, kind, packed, key, difference)
+            assert difference < 2e-5, (label, cp, tp, kind, packed, key, difference)
     print(f"{label}: max |loss - one process| {worst_loss:.1e}, max |weights - one process| {worst_weight:.1e}")
 
 
 @pytest.mark.parametrize(
     "world,layouts",
     [
-        (2, [2]),  # one data-parallel shard of 2 context-parallel ranks
-        (4, [4, 2]),  # cp 4; and 2 data-parallel x 2 context-parallel ranks
+        (2, [(2, 1)]),  # one data-parallel shard of 2 context-parallel ranks
+        # cp 4; 2 data-parallel x 2 context-parallel ranks; 2 context-parallel x 2 tensor-parallel ranks
+        (4, [(4, 1), (2, 1), (2, 2)]),
     ],
 )
 def test_context_parallel_training_equals_one_process(tmp_path, world, layouts):
@@ -167,8 +175,9 @@ def test_context_parallel_training_equals_one_process(tmp_path, world, layouts):
     args = (world, layouts, str(tmp_path / "store"), states, result_path)
     mp.start_processes(_worker, args=args, nprocs=world, start_method="spawn")
     results = torch.load(result_path, weights_only=False)
-    assert len(results) == len(layouts) * len(KINDS) * 2
-    _compare(results, expected, layouts, f"{world} ranks, cp {layouts}")
+    kinds = {(cp, tp): len(KINDS) if tp == 1 else len(TP_PLANS) for cp, tp in layouts}
+    assert len(results) == 2 * sum(kinds.values())
+    _compare(results, expected, f"{world} ranks, (cp, tp) in {layouts}")
 
 
 def test_models_context_parallelism_cannot_slice_are_refused():
