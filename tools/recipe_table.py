@@ -38,7 +38,8 @@ OPTIONS = {
     "tensor parallel": "tensor_parallel_dim",
     "context parallel": "context_parallel_dim",
 }
-_DISTRIBUTED_ONLY = {"tensor_parallel_dim", "context_parallel_dim"}  # a key of the "distributed" table: no column for single-device recipes
+# keys of the "distributed" table: no column for single-device recipes
+_DISTRIBUTED_ONLY = {"tensor_parallel_dim", "context_parallel_dim"}
 _DISTRIBUTED_REASON = "FSDP2 already shards the optimizer state across ranks"
 
 
