@@ -2,8 +2,9 @@
 
 On CUDA the blocks run through the memory-efficient SDPA kernel and its backward (``_context_parallel``'s
 ``_block_forward`` / ``_block_backward``), a path the CPU suite never takes (it uses the CPU flash kernel); the
-check is the one of tests/tune/modules/test_context_parallel_attention.py, on the device: outputs and q/k/v gradients against
-causal SDPA over the whole sequence in fp32, every rank of 2- and 3-rank layouts, grouped-query heads.
+check is the one of tests/tune/modules/test_context_parallel_attention.py, on the device: outputs and q/k/v
+gradients against causal SDPA over the whole sequence in fp32, every rank of 2- and 3-rank layouts, grouped-query
+heads.
 """
 
 import pytest
