@@ -503,10 +503,6 @@ def _context(args: argparse.Namespace) -> Context:
     return Context(bench, workdir, args.device, budget, max_len, model, args.torchtune_python, site, args.repeats)
 
 
-def _has_context_parallel() -> bool:
-    return "context_parallel" in (ROOT / "recipes" / "full_finetune_distributed.py").read_text()
-
-
 def main() -> None:
     args = _parse()
     names = args.configs.split(",")
@@ -522,9 +518,6 @@ def main() -> None:
     base, lens = (256, (512,)) if args.dry else (args.base_len, ACTIVATION_LENS)
     results, text = [], ""
     for name in names:
-        if ROWS[name].ranks > 1 and not _has_context_parallel():
-            print(f"skipping {name}: recipes/full_finetune_distributed.py has no context_parallel_dim yet", flush=True)
-            continue
         print(f"{name}: searching ...", flush=True)
         results.append(_search(ctx, name, ROWS[name], configs, max(base, ROWS[name].unit)))
         text = _write(results, ctx, base, lens)  # after every row: a run cut short keeps the rows it finished
