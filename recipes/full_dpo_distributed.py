@@ -6,11 +6,15 @@ Launched by torchrun, one process per device, on one node or many::
     tune run --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \\
         full_dpo_distributed --config llama3_1/8B_full_dpo
 
+It is also the full fine-tuning recipe on ONE device: ``tune run --nproc_per_node 1 full_dpo_distributed --config ...``
+(or ``tune run full_dpo_distributed ...``, one process without torchrun) trains exactly as N ranks do with N times the
+batch; a reference-free loss (SimPO, ORPO) needs no second copy of the weights there.
+
 Every parameter of the policy is trained on preference pairs with a loss of ``tune.rlhf.loss`` (DPO and its
-hinge/IPO/robust variants, RSO, the reference-free SimPO). The reference model is a frozen copy of the starting weights,
-read by ``ref_checkpointer`` (torchtune's key; point it at the same checkpoint as ``checkpointer``) and sharded exactly
-like the policy (``fully_shard`` per transformer layer and on the root), so that it costs each rank one shard of the
-weights; a reference-free loss builds none. With ``precompute_ref_log_probs: true`` (TRL's name) the reference's
+hinge/IPO/robust variants, RSO, the reference-free SimPO and ORPO). The reference model is a frozen copy of the starting
+weights, read by ``ref_checkpointer`` (torchtune's key; point it at the same checkpoint as ``checkpointer``) and sharded
+exactly like the policy (``fully_shard`` per transformer layer and on the root), so that it costs each rank one shard of
+the weights; a reference-free loss builds none. With ``precompute_ref_log_probs: true`` (TRL's name) the reference's
 log-probs of every training pair, and of every validation pair, are computed once before training (each rank scores its
 share of the pairs, the shares are all-gathered so that every rank holds every pair's, and looked up by dataset index at
 each step), then the reference model is released: training holds no reference weights and runs one forward pass per
@@ -22,7 +26,8 @@ with batch b train exactly like one device with batch N*b), and the metrics unde
 pairs. Checkpoints: the policy in its input format, gathered to rank 0 (``output_dir/step_N/``), and the sharded policy,
 optimizer and progress for resuming (``output_dir/dcp/step_N/``); the reference is always read again from
 ``ref_checkpointer``. The file keeps the structure of ``full_finetune_distributed.py`` (the wiring) and the
-``loss_step`` of ``lora_dpo_single_device.py`` (the math), with the reference as a second model.
+``loss_step`` of ``lora_dpo_single_device.py`` (the math), with the reference as a second model. ORPO adds the NLL of
+the chosen sequences, averaged over every chosen token of the step on all ranks, as in ``lora_dpo_single_device``.
 """
 
 import gc
@@ -44,7 +49,7 @@ from tune.training.checkpointing import StatefulDistributedSampler
 
 RECIPE_INFO = {
     "supports_distributed": True,
-    "configs": ["*/*_full_dpo"],
+    "configs": ["*/*_full_dpo", "*/*_full_orpo"],
     # the optional keys this recipe reads: filled in from tune.config.OPTIONAL_KEYS where a config leaves them out
     "optional_keys": ["finetune", "distributed", "dpo"],
 }
@@ -176,6 +181,9 @@ class FullDPORecipeDistributed:
         # what the loss needs (tune.rlhf.loss): mean instead of summed log-probs, and whether a reference is used
         self._average_log_probs = getattr(self._loss_fn, "average_log_probs", False)
         self._reference_free = getattr(self._loss_fn, "reference_free", False)
+        # ORPO: the loss asks for the chosen sequences' NLL (added here) and reports its log odds ratio
+        self._chosen_nll = getattr(self._loss_fn, "chosen_nll", False)
+        self._log_odds = getattr(self._loss_fn, "log_odds", None)
         ckpt = self.load_checkpoint(cfg.checkpointer)
         self._model = self._setup_model(cfg, ckpt[training.MODEL_KEY], trainable=True)
         del ckpt  # the memory-mapped full weights: every rank keeps only its shards
@@ -361,7 +369,7 @@ class FullDPORecipeDistributed:
         batch: tuple[torch.Tensor, torch.Tensor],
         metrics: rlhf.PreferenceMetrics,
         reference_log_probs: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward passes and loss of one micro-batch of pairs. Override this in a copied recipe to change the
         objective.
 
@@ -373,11 +381,15 @@ class FullDPORecipeDistributed:
                 [b, 2] (chosen, rejected), looked up by the caller; None runs the reference model.
 
         Returns:
-            torch.Tensor: the SUM of the per-pair losses (the loop divides by the pairs of the whole step on all
-            ranks).
+            tuple[torch.Tensor, torch.Tensor | None]: the SUM of the per-pair losses (the loop divides by the pairs
+            of the whole step on all ranks) and, for a loss with ``chosen_nll`` (ORPO), the SUM of the negative
+            log-likelihood of the chosen sequences' tokens (the loop divides by those tokens of the whole step on
+            all ranks); None otherwise.
         """
         tokens, labels = batch
-        average = self._average_log_probs  # means instead of sums (IPO, SimPO)
+        average = self._average_log_probs  # means instead of sums (IPO, SimPO, ORPO)
+        # ORPO: every token of the chosen sequences (prompt included) is scored in the same pass, for the NLL
+        nll_labels = rlhf.chosen_nll_labels(tokens, labels) if self._chosen_nll else None
         reference = None
         if reference_log_probs is not None:
             reference = (reference_log_probs[:, 0], reference_log_probs[:, 1])
@@ -389,13 +401,19 @@ class FullDPORecipeDistributed:
                 reference = reference.log_probs.chunk(2)
         with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
             scores = rlhf.model_sequence_log_probs(
-                self._model, tokens, labels, average_log_probs=average, context_parallel=self._context_parallel
+                self._model,
+                tokens,
+                labels,
+                average_log_probs=average,
+                context_parallel=self._context_parallel,
+                nll_labels=nll_labels,
             )
         policy = scores.log_probs.chunk(2)
         if reference is None:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy)
         else:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy, *reference)
+        nll = None if nll_labels is None else scores.nll_sums.sum()
         metrics.update(
             chosen_rewards,
             rejected_rewards,
@@ -403,8 +421,11 @@ class FullDPORecipeDistributed:
             policy[1].detach(),
             logit_sums=scores.logit_sums,
             num_tokens=scores.num_tokens,
+            nll_sum=nll,
+            nll_tokens=scores.nll_tokens,
+            log_odds=None if self._log_odds is None else self._log_odds(policy[0].detach(), policy[1].detach()),
         )
-        return losses.sum()
+        return losses.sum(), nll
 
     def train(self) -> None:
         """Runs the epochs: accumulate, clip, step, log, validate and save. Stops on a non-finite loss."""
@@ -427,13 +448,21 @@ class FullDPORecipeDistributed:
                 loss_scale = self._loss_tokens.step_loss_scale(
                     torch.tensor(num_pairs, device=device), num_loss_tokens=num_tokens.to(device)
                 )
+                if self._chosen_nll:  # ORPO's NLL is a mean over every chosen token of the step on all ranks
+                    num_nll_tokens = sum(
+                        training.num_loss_tokens(rlhf.chosen_nll_labels(*b[:2])[:, 1:]) for b in micro_batches
+                    )
+                    nll_scale = training.step_loss_scale(num_nll_tokens.to(device))  # a collective
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
                     throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
                     batch = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True))
                     reference = self._look_up(self._reference_table, indices)
                     # this rank's share of the step's mean
-                    loss = self.loss_step(batch, self._metrics, reference) * loss_scale
+                    pair_loss, nll = self.loss_step(batch, self._metrics, reference)
+                    loss = pair_loss * loss_scale
+                    if nll is not None:  # ORPO: plus its share of the step's NLL per chosen token
+                        loss = loss + nll * nll_scale
                     step_loss += loss.detach()
                     if batch_index == self._gradient_accumulation_steps - 1:  # the step's loss, read once
                         self._loss_check.record(step_loss)  # backward is queued, before the optimizer step
@@ -501,12 +530,13 @@ class FullDPORecipeDistributed:
                 break
             batch = (tokens.to(self._device), labels.to(self._device))
             reference = self._look_up(self._val_reference_table, indices)
-            totals[0] += self.loss_step(batch, metrics, reference).float()
+            totals[0] += self.loss_step(batch, metrics, reference)[0].float()
             totals[1] += tokens.shape[0] // 2
         self._model.train()
         loss_sum, num_pairs = training.all_reduce_sum(totals).tolist()
         values = {"val_loss": loss_sum / max(num_pairs, 1.0)}
         values.update({f"val_{name}": value for name, value in metrics.compute(training.all_reduce_sum).items()})
+        values["val_loss"] += values.get("val_nll_loss", 0.0)  # ORPO: plus the chosen sequences' NLL per token
         with training.errors_on_all_ranks():
             self._metric_logger.log_dict(values, step=self.global_step)
         log_info(

@@ -7,10 +7,11 @@ Launched by torchrun, one process per device, on one node or many::
         lora_dpo_distributed --config llama3_3/70B_lora_dpo
 
 Trains LoRA adapters on preference pairs with a loss of ``tune.rlhf.loss`` (DPO and its hinge/IPO/robust variants, RSO,
-the reference-free SimPO), as ``lora_dpo_single_device`` does: the reference model is the policy with its adapters
-disabled (no second copy of the weights), sequence log-probabilities are sums over the completion tokens (means for IPO
-and SimPO; only the completion positions are projected onto the vocabulary), batches hold the chosen rows then the
-rejected rows, and pairs are not packed. With ``precompute_ref_log_probs: true`` the reference's log-probs of every
+the reference-free SimPO and ORPO, whose NLL of the chosen sequences is averaged over every chosen token of the step on
+all ranks), as ``lora_dpo_single_device`` does: the reference model is the policy with its adapters disabled (no second
+copy of the weights), sequence log-probabilities are sums over the completion tokens (means for IPO, SimPO and ORPO;
+only the completion positions are projected onto the vocabulary), batches hold the chosen rows then the rejected rows,
+and pairs are not packed. With ``precompute_ref_log_probs: true`` the reference's log-probs of every
 training pair are computed once before training, each rank scoring its share of the pairs and the shares all-gathered,
 so that every rank looks up any pair by its dataset index at each step (validation pairs still run the reference, as on
 one device). The model is sharded as in ``lora_finetune_distributed`` (built on the meta device, adapters drawn from one
@@ -43,7 +44,7 @@ from tune.training.checkpointing import StatefulDistributedSampler
 
 RECIPE_INFO = {
     "supports_distributed": True,
-    "configs": ["*/*_lora_dpo", "*/*_qlora_dpo"],
+    "configs": ["*/*_lora_dpo", "*/*_qlora_dpo", "*/*_lora_orpo", "*/*_qlora_orpo"],
     # the optional keys this recipe reads: filled in from tune.config.OPTIONAL_KEYS where a config leaves them out
     "optional_keys": ["finetune", "lora", "distributed", "dpo"],
 }
@@ -170,6 +171,9 @@ class LoRADPORecipeDistributed:
         # what the loss needs (tune.rlhf.loss): mean instead of summed log-probs, and whether a reference is used
         self._average_log_probs = getattr(self._loss_fn, "average_log_probs", False)
         self._reference_free = getattr(self._loss_fn, "reference_free", False)
+        # ORPO: the loss asks for the chosen sequences' NLL (added here) and reports its log odds ratio
+        self._chosen_nll = getattr(self._loss_fn, "chosen_nll", False)
+        self._log_odds = getattr(self._loss_fn, "log_odds", None)
         reference = "no reference model" if self._reference_free else "reference: the model with adapters disabled"
         log_info("Loss: %s (%s).", config.component_name(cfg.loss), reference)
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
@@ -314,7 +318,7 @@ class LoRADPORecipeDistributed:
         batch: tuple[torch.Tensor, torch.Tensor],
         metrics: rlhf.PreferenceMetrics,
         indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward passes and loss of one micro-batch of pairs. Override this in a copied recipe to change the
         objective.
 
@@ -326,11 +330,15 @@ class LoRADPORecipeDistributed:
                 log-probabilities are looked up; None runs the reference.
 
         Returns:
-            torch.Tensor: the SUM of the per-pair losses (the loop divides by the pairs of the whole step on all
-            ranks).
+            tuple[torch.Tensor, torch.Tensor | None]: the SUM of the per-pair losses (the loop divides by the pairs
+            of the whole step on all ranks) and, for a loss with ``chosen_nll`` (ORPO), the SUM of the negative
+            log-likelihood of the chosen sequences' tokens (the loop divides by those tokens of the whole step on
+            all ranks); None otherwise.
         """
         tokens, labels = batch
-        average = self._average_log_probs  # means instead of sums (IPO, SimPO)
+        average = self._average_log_probs  # means instead of sums (IPO, SimPO, ORPO)
+        # ORPO: every token of the chosen sequences (prompt included) is scored in the same pass, for the NLL
+        nll_labels = rlhf.chosen_nll_labels(tokens, labels) if self._chosen_nll else None
         reference = None
         if self._reference_table is not None and indices is not None:
             looked_up = self._reference_table[indices.to(self._device)]  # [b, 2]: every rank holds every pair
@@ -343,13 +351,19 @@ class LoRADPORecipeDistributed:
                 reference = reference.log_probs.chunk(2)
         with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
             scores = rlhf.model_sequence_log_probs(
-                self._model, tokens, labels, average_log_probs=average, context_parallel=self._context_parallel
+                self._model,
+                tokens,
+                labels,
+                average_log_probs=average,
+                context_parallel=self._context_parallel,
+                nll_labels=nll_labels,
             )
         policy = scores.log_probs.chunk(2)
         if reference is None:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy)
         else:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy, *reference)
+        nll = None if nll_labels is None else scores.nll_sums.sum()
         metrics.update(
             chosen_rewards,
             rejected_rewards,
@@ -357,8 +371,11 @@ class LoRADPORecipeDistributed:
             policy[1].detach(),
             logit_sums=scores.logit_sums,
             num_tokens=scores.num_tokens,
+            nll_sum=nll,
+            nll_tokens=scores.nll_tokens,
+            log_odds=None if self._log_odds is None else self._log_odds(policy[0].detach(), policy[1].detach()),
         )
-        return losses.sum()
+        return losses.sum(), nll
 
     def train(self) -> None:
         """Runs the epochs: accumulate, clip, step, log, validate and save. Stops on a non-finite loss."""
@@ -381,12 +398,20 @@ class LoRADPORecipeDistributed:
                 loss_scale = self._loss_tokens.step_loss_scale(
                     torch.tensor(num_pairs, device=device), num_loss_tokens=num_tokens.to(device)
                 )
+                if self._chosen_nll:  # ORPO's NLL is a mean over every chosen token of the step on all ranks
+                    num_nll_tokens = sum(
+                        training.num_loss_tokens(rlhf.chosen_nll_labels(*b[:2])[:, 1:]) for b in micro_batches
+                    )
+                    nll_scale = training.step_loss_scale(num_nll_tokens.to(device))  # a collective
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
                     throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
                     batch = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True))
                     # this rank's share of the step's mean
-                    loss = self.loss_step(batch, self._metrics, indices) * loss_scale
+                    pair_loss, nll = self.loss_step(batch, self._metrics, indices)
+                    loss = pair_loss * loss_scale
+                    if nll is not None:  # ORPO: plus its share of the step's NLL per chosen token
+                        loss = loss + nll * nll_scale
                     step_loss += loss.detach()
                     if batch_index == self._gradient_accumulation_steps - 1:  # the step's loss, read once
                         self._loss_check.record(step_loss)  # backward is queued, before the optimizer step
@@ -451,12 +476,13 @@ class LoRADPORecipeDistributed:
         for index, (tokens, labels, _) in enumerate(self._val_dataloader):
             if self._max_validation_steps is not None and index >= self._max_validation_steps:
                 break
-            totals[0] += self.loss_step((tokens.to(self._device), labels.to(self._device)), metrics).float()
+            totals[0] += self.loss_step((tokens.to(self._device), labels.to(self._device)), metrics)[0].float()
             totals[1] += tokens.shape[0] // 2
         self._model.train()
         loss_sum, num_pairs = training.all_reduce_sum(totals).tolist()
         values = {"val_loss": loss_sum / max(num_pairs, 1.0)}
         values.update({f"val_{name}": value for name, value in metrics.compute(training.all_reduce_sum).items()})
+        values["val_loss"] += values.get("val_nll_loss", 0.0)  # ORPO: plus the chosen sequences' NLL per token
         with training.errors_on_all_ranks():
             self._metric_logger.log_dict(values, step=self.global_step)
         log_info(

@@ -1,16 +1,18 @@
 """LoRA Direct Preference Optimization (DPO) of a language model on one device (CPU, one GPU or Apple MPS).
 
 Trains LoRA adapters on preference pairs (a prompt, a chosen and a rejected completion) with a preference loss from
-``tune.rlhf.loss``: DPO (``loss_type`` sigmoid, hinge, IPO or robust), RSO, or the reference-free SimPO. The reference
-model is the policy with its adapters disabled (``tune.modules.peft.disable_adapter``): no second copy of the weights;
-with ``precompute_ref_log_probs: true`` its log-probs of every training pair are computed once, before training, and
-looked up at each step. Sequence log-probabilities are sums over the completion tokens (means for IPO and SimPO; the
-model returns hidden states and only the completion positions are projected onto the vocabulary,
+``tune.rlhf.loss``: DPO (``loss_type`` sigmoid, hinge, IPO or robust), RSO, or the reference-free SimPO and ORPO. The
+reference model is the policy with its adapters disabled (``tune.modules.peft.disable_adapter``): no second copy of the
+weights; with ``precompute_ref_log_probs: true`` its log-probs of every training pair are computed once, before
+training, and looked up at each step. Sequence log-probabilities are sums over the completion tokens (means for IPO,
+SimPO and ORPO; the model returns hidden states and only the completion positions are projected onto the vocabulary,
 ``tune.rlhf.model_sequence_log_probs``), from batches laid out chosen rows first, then rejected rows
 (``tune.data.padded_collate_dpo``); packing is not supported. The loss of a step is the mean over all of its pairs
 (every micro-batch), and the metrics carry TRL's names (``rewards/chosen``, ``rewards/accuracies``, ``logps/chosen``,
-``logits/chosen``, ...) averaged over the same pairs. Outputs are those of ``lora_finetune_single_device``: the adapter
-in the Hugging Face PEFT format and the merged model.
+``logits/chosen``, ...) averaged over the same pairs. ORPO (``tune.rlhf.loss.ORPOLoss``, ``chosen_nll``) adds the
+negative log-likelihood of the chosen sequences (prompt and completion, every token), averaged over every chosen token
+of the step, and logs ``nll_loss``, ``log_odds_ratio`` and ``log_odds_chosen`` as TRL's ORPO trainer does. Outputs are
+those of ``lora_finetune_single_device``: the adapter in the Hugging Face PEFT format and the merged model.
 
 The file reads top to bottom: ``__init__`` reads and checks the config, ``setup`` builds the pieces, ``train``
 holds the loop, ``loss_step`` computes the loss of one micro-batch of pairs, ``save_checkpoint`` writes
@@ -39,7 +41,12 @@ from tune.training.checkpointing import StatefulDistributedSampler
 
 RECIPE_INFO = {
     "supports_distributed": False,
-    "configs": ["*/*_lora_dpo_single_device", "*/*_qlora_dpo_single_device"],
+    "configs": [
+        "*/*_lora_dpo_single_device",
+        "*/*_qlora_dpo_single_device",
+        "*/*_lora_orpo_single_device",
+        "*/*_qlora_orpo_single_device",
+    ],
     # the optional keys this recipe reads: filled in from tune.config.OPTIONAL_KEYS where a config leaves them out
     "optional_keys": ["finetune", "lora", "dpo"],
 }
@@ -144,6 +151,9 @@ class LoRADPORecipeSingleDevice:
         # what the loss needs (tune.rlhf.loss): mean instead of summed log-probs, and whether a reference is used
         self._average_log_probs = getattr(self._loss_fn, "average_log_probs", False)
         self._reference_free = getattr(self._loss_fn, "reference_free", False)
+        # ORPO: the loss asks for the chosen sequences' NLL (added here) and reports its log odds ratio
+        self._chosen_nll = getattr(self._loss_fn, "chosen_nll", False)
+        self._log_odds = getattr(self._loss_fn, "log_odds", None)
         log.info("Loss: %s (%s).", config.component_name(cfg.loss), self._describe_loss())
         self._sampler, self._dataloader = self._setup_data(cfg.dataset, cfg.shuffle, cfg.batch_size, cfg.collate_fn)
         # the reference's log-probs of every training pair, by dataset index (None: computed at every step)
@@ -196,7 +206,8 @@ class LoRADPORecipeSingleDevice:
     def _describe_loss(self) -> str:
         reference = "no reference model" if self._reference_free else "reference: the model with adapters disabled"
         log_probs = "mean" if self._average_log_probs else "summed"
-        return f"{reference}; {log_probs} log-probabilities over the completion tokens"
+        nll = "; plus the NLL of the chosen sequences per token" if self._chosen_nll else ""
+        return f"{reference}; {log_probs} log-probabilities over the completion tokens{nll}"
 
     def _setup_model(
         self, cfg_model: DictConfig, base_state_dict: dict[str, Any], adapter_state_dict: dict[str, Any] | None
@@ -272,7 +283,7 @@ class LoRADPORecipeSingleDevice:
         batch: tuple[torch.Tensor, torch.Tensor],
         metrics: rlhf.PreferenceMetrics,
         indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward passes and loss of one micro-batch of pairs. Override this in a copied recipe to change the
         objective.
 
@@ -284,10 +295,14 @@ class LoRADPORecipeSingleDevice:
                 log-probabilities are looked up; None runs the reference.
 
         Returns:
-            torch.Tensor: the SUM of the per-pair losses (the loop divides by the pairs of the whole step).
+            tuple[torch.Tensor, torch.Tensor | None]: the SUM of the per-pair losses (the loop divides by the pairs
+            of the whole step) and, for a loss with ``chosen_nll`` (ORPO), the SUM of the negative log-likelihood of
+            the chosen sequences' tokens (the loop divides by those tokens of the whole step); None otherwise.
         """
         tokens, labels = batch
-        average = self._average_log_probs  # means instead of sums (IPO, SimPO)
+        average = self._average_log_probs  # means instead of sums (IPO, SimPO, ORPO)
+        # ORPO: every token of the chosen sequences (prompt included) is scored in the same pass, for the NLL
+        nll_labels = rlhf.chosen_nll_labels(tokens, labels) if self._chosen_nll else None
         reference = None
         if self._reference_table is not None and indices is not None:
             looked_up = self._reference_table[indices.to(self._device)]  # [b, 2]
@@ -297,12 +312,15 @@ class LoRADPORecipeSingleDevice:
                 reference = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
                 reference = reference.log_probs.chunk(2)
         with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
-            scores = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+            scores = rlhf.model_sequence_log_probs(
+                self._model, tokens, labels, average_log_probs=average, nll_labels=nll_labels
+            )
         policy = scores.log_probs.chunk(2)
         if reference is None:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy)
         else:
             losses, chosen_rewards, rejected_rewards = self._loss_fn(*policy, *reference)
+        nll = None if nll_labels is None else scores.nll_sums.sum()
         metrics.update(
             chosen_rewards,
             rejected_rewards,
@@ -310,8 +328,11 @@ class LoRADPORecipeSingleDevice:
             policy[1].detach(),
             logit_sums=scores.logit_sums,
             num_tokens=scores.num_tokens,
+            nll_sum=nll,
+            nll_tokens=scores.nll_tokens,
+            log_odds=None if self._log_odds is None else self._log_odds(policy[0].detach(), policy[1].detach()),
         )
-        return losses.sum()
+        return losses.sum(), nll
 
     def train(self) -> None:
         """Runs the epochs: accumulate, clip, step, log, validate and save. Stops on a non-finite loss."""
@@ -332,12 +353,19 @@ class LoRADPORecipeSingleDevice:
                     sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches),
                     num_loss_tokens=sum(training.num_loss_tokens(labels) for _, labels, _ in micro_batches),
                 )
+                if self._chosen_nll:  # ORPO's NLL is a mean over every chosen token of the step (prompts included)
+                    nll_scale = training.step_loss_scale(
+                        sum(training.num_loss_tokens(rlhf.chosen_nll_labels(*b[:2])[:, 1:]) for b in micro_batches)
+                    )
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
                     throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
                     batch = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True))
                     # this micro-batch's share of the step's mean
-                    loss = self.loss_step(batch, self._metrics, indices) * loss_scale
+                    pair_loss, nll = self.loss_step(batch, self._metrics, indices)
+                    loss = pair_loss * loss_scale
+                    if nll is not None:  # ORPO: plus its share of the step's NLL per chosen token
+                        loss = loss + nll * nll_scale
                     step_loss += loss.detach()
                     if batch_index == self._gradient_accumulation_steps - 1:  # the step's loss, read once
                         self._loss_check.record(step_loss)  # backward is queued, before the optimizer step
@@ -400,11 +428,12 @@ class LoRADPORecipeSingleDevice:
         for index, (tokens, labels, _) in enumerate(self._val_dataloader):
             if self._max_validation_steps is not None and index >= self._max_validation_steps:
                 break
-            loss_sum += self.loss_step((tokens.to(self._device), labels.to(self._device)), metrics).float()
+            loss_sum += self.loss_step((tokens.to(self._device), labels.to(self._device)), metrics)[0].float()
             num_pairs += tokens.shape[0] // 2
         self._model.train()
         values = {"val_loss": loss_sum.item() / max(num_pairs, 1)}
         values.update({f"val_{name}": value for name, value in metrics.compute().items()})
+        values["val_loss"] += values.get("val_nll_loss", 0.0)  # ORPO: plus the chosen sequences' NLL per token
         self._metric_logger.log_dict(values, step=self.global_step)
         log.info(
             "Step %d: validation loss %.4f, reward accuracy %.3f over %d pairs.",

@@ -298,6 +298,28 @@ DPO_CONFIGS: dict[str, tuple[str, str]] = {
     "phi3": ("phi3/mini_lora_dpo_single_device.yaml", "lora"),
 }
 
+# the shipped ORPO configs (tune.rlhf.loss.ORPOLoss in the preference recipes), relative to configs/: (family, config,
+# recipe); tests/recipes/test_orpo_every_family.py runs each on its family's tiny assets
+ORPO_CONFIGS: list[tuple[str, str, str]] = [
+    ("llama3_2", "llama3_2/1B_lora_orpo_single_device.yaml", "lora_dpo_single_device"),
+    ("qwen2_5", "qwen2_5/1.5B_lora_orpo_single_device.yaml", "lora_dpo_single_device"),
+    ("qwen3", "qwen3/1.7B_lora_orpo_single_device.yaml", "lora_dpo_single_device"),
+    ("gemma", "gemma/2B_lora_orpo_single_device.yaml", "lora_dpo_single_device"),
+    ("mistral", "mistral/7B_lora_orpo_single_device.yaml", "lora_dpo_single_device"),
+    ("qwen3", "qwen3/8B_lora_orpo.yaml", "lora_dpo_distributed"),
+    ("qwen2_5", "qwen2_5/7B_full_orpo.yaml", "full_dpo_distributed"),
+]
+
+# family -> its shipped KTO configs, relative to configs/, with the method its model builder names (run by
+# tests/recipes/test_kto_every_family.py on the generated preference pairs, unpaired)
+KTO_CONFIGS: dict[str, list[tuple[str, str]]] = {
+    "llama3_2": [("llama3_2/1B_lora_kto_single_device.yaml", "lora")],
+    "qwen2_5": [("qwen2_5/1.5B_lora_kto_single_device.yaml", "lora")],
+    "qwen3": [("qwen3/1.7B_lora_kto_single_device.yaml", "lora"), ("qwen3/1.7B_full_kto_single_device.yaml", "full")],
+    "gemma": [("gemma/2B_lora_kto_single_device.yaml", "lora")],
+    "mistral": [("mistral/7B_lora_kto_single_device.yaml", "lora")],
+}
+
 
 # Families whose architecture and tokenizer kind another family's default-tier tests cover: Code Llama is Llama 2
 # with another RoPE base; Llama 3, 3.1 and 3.3 are Llama 3.2's blocks and tiktoken tokenizer with other RoPE

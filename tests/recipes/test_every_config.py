@@ -25,6 +25,7 @@ from tests.recipes import _family_assets as assets
 from tests.recipes import (
     test_grpo_every_family,
     test_ppo_shipped_configs,
+    test_reward_model_single_device,
     test_vision_gemma3,
     test_vision_llama3_2_vision,
     test_vision_qwen2_5_vl,
@@ -56,6 +57,12 @@ def _run_elsewhere() -> dict[str, str]:
         found.update(dict.fromkeys(map(_name, kinds.values()), every_family))
     found.update(dict.fromkeys((_name(relative) for relative, _ in assets.DPO_CONFIGS.values()), every_family))
     found.update(dict.fromkeys(map(_name, assets.KD_CONFIGS.values()), every_family))
+    kto = [relative for cases in assets.KTO_CONFIGS.values() for relative, _ in cases]
+    found.update(dict.fromkeys(map(_name, kto), "test_kto_every_family.py"))
+    reward = test_reward_model_single_device.SHIPPED_CONFIGS
+    found.update(dict.fromkeys(map(_name, reward), "test_reward_model_single_device.py"))
+    orpo = (_name(relative) for _, relative, _ in assets.ORPO_CONFIGS)
+    found.update(dict.fromkeys(orpo, "test_orpo_every_family.py"))
     found.update(dict.fromkeys(map(_name, test_ppo_shipped_configs.CASES.values()), "test_ppo_shipped_configs.py"))
     grpo = [relative for *_, relative in test_grpo_every_family.CASES + test_grpo_every_family.DIST_CASES]
     found.update(dict.fromkeys(map(_name, grpo), "test_grpo_every_family.py"))

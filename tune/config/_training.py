@@ -85,6 +85,14 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
         # pass per step less; full_dpo_distributed also scores the validation pairs and then frees the reference)
         "precompute_ref_log_probs": False,
     },
+    # the KTO recipes, read after "finetune": unpaired examples with their desirable flags and KL rows, padded
+    "kto": {
+        "collate_fn": "tune.data.padded_collate_kto",
+    },
+    # the reward-model recipe, read after "finetune": pairs collated chosen rows first, then rejected rows
+    "reward": {
+        "collate_fn": "tune.data.padded_collate_dpo",
+    },
     # the GRPO recipes, read after "finetune" (their required keys, checked with these: grpo_samples,
     # forward_batch_size, max_generated_tokens, reward_functions; see _MINIMUMS and _reward_problems)
     "grpo": {

@@ -29,6 +29,7 @@ from tune.data._collate import (
 )
 from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
 from tune.data._image import load_image
+from tune.data._kto_collate import padded_collate_kto
 from tune.data._masking import MaskingStrategy, mask_messages
 from tune.data._media import IMAGE_PLACEHOLDER, insert_image_segments, replace_images, tokenize_with_images
 from tune.data._message_transforms import (
@@ -90,6 +91,7 @@ __all__ = [
     "padded_collate",
     "padded_collate_dpo",
     "padded_collate_generation",
+    "padded_collate_kto",
     "padded_collate_packed",
     "padded_collate_sft",
     "padding_free_collate",

@@ -147,23 +147,27 @@ def padded_collate_dpo(
     batch: Sequence[dict[str, Any]],
     padding_idx: int = 0,
     ignore_idx: int = CROSS_ENTROPY_IGNORE_IDX,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     """Pads preference pairs into one batch: the chosen sequences first, then the rejected ones.
 
     Args:
         batch (Sequence[dict]): samples with ``chosen_input_ids``, ``chosen_labels``, ``rejected_input_ids``,
-            ``rejected_labels``.
+            ``rejected_labels`` and, from a dataset with a margin column, ``margin``.
         padding_idx (int): token id for padding. Default 0.
         ignore_idx (int): label for padding. Default -100.
 
     Returns:
-        tuple[torch.Tensor, torch.Tensor]: ``(input_ids, labels)``, int64 [2 * b, s]; rows ``0..b-1`` are the
-        chosen responses, rows ``b..2b-1`` the rejected ones, in the same order.
+        tuple[torch.Tensor, ...]: ``(input_ids, labels)``, int64 [2 * b, s]; rows ``0..b-1`` are the chosen
+        responses, rows ``b..2b-1`` the rejected ones, in the same order. When the samples carry ``margin``, a
+        third entry: the pairs' margins, float32 [b].
     """
     tokens = [_as_long(s["chosen_input_ids"]) for s in batch] + [_as_long(s["rejected_input_ids"]) for s in batch]
     labels = [_as_long(s["chosen_labels"]) for s in batch] + [_as_long(s["rejected_labels"]) for s in batch]
     length = max(len(t) for t in tokens)
-    return _pad_right(tokens, padding_idx, length), _pad_right(labels, ignore_idx, length)
+    padded = (_pad_right(tokens, padding_idx, length), _pad_right(labels, ignore_idx, length))
+    if batch and "margin" in batch[0]:
+        return (*padded, torch.tensor([float(s["margin"]) for s in batch], dtype=torch.float32))
+    return padded
 
 
 def padded_collate_generation(batch: Sequence[dict[str, Any]], padding_idx: int = 0) -> dict[str, torch.Tensor]:

@@ -23,6 +23,14 @@ from tune.datasets._sft import SFTDataset
 from tune.datasets._slimorca import slimorca_dataset
 from tune.datasets._stack_exchange_paired import stack_exchange_paired_dataset
 from tune.datasets._text_completion import TextCompletionDataset, text_completion_dataset
+from tune.datasets._unpaired import (
+    UnpairedPreferenceDataset,
+    UnpairedToMessages,
+    kl_partner_index,
+    kl_row,
+    unpaired_from_pairs,
+    unpaired_preference_dataset,
+)
 from tune.datasets._weighted import WeightedDataset
 from tune.datasets._wikitext import wikitext_dataset
 from tune.datasets.multimodal import (
@@ -41,6 +49,8 @@ __all__ = [
     "PromptDataset",
     "SFTDataset",
     "TextCompletionDataset",
+    "UnpairedPreferenceDataset",
+    "UnpairedToMessages",
     "WeightedDataset",
     "alpaca_cleaned_dataset",
     "alpaca_dataset",
@@ -50,6 +60,8 @@ __all__ = [
     "gsm8k_dataset",
     "hh_rlhf_helpful_dataset",
     "instruct_dataset",
+    "kl_partner_index",
+    "kl_row",
     "llava_instruct_dataset",
     "multimodal_chat_dataset",
     "preference_dataset",
@@ -59,6 +71,8 @@ __all__ = [
     "stack_exchange_paired_dataset",
     "text_completion_dataset",
     "the_cauldron_dataset",
+    "unpaired_from_pairs",
+    "unpaired_preference_dataset",
     "vqa_dataset",
     "wikitext_dataset",
 ]

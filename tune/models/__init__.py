@@ -14,6 +14,8 @@ from tune.registry import SHARED_COMPONENT_PACKAGES
 # tune.models._from_hf: the entry points importable from tune.models itself (they look families up in
 # tune.registry, so they are imported on first access, never by a family)
 _HF_FUNCTIONS = ("from_hf", "to_hf_state_dict")
+# tune.models._classifier: any family's decoder as a sequence classifier (a reward model)
+_CLASSIFIER_FUNCTIONS = ("classifier_model",)
 
 
 def _families() -> list[str]:
@@ -30,6 +32,8 @@ def __getattr__(name: str):
     # itself and never gets here.
     if name in _HF_FUNCTIONS:
         return getattr(importlib.import_module("tune.models._from_hf"), name)
+    if name in _CLASSIFIER_FUNCTIONS:
+        return getattr(importlib.import_module("tune.models._classifier"), name)
     if not name.startswith("_") and (name in _families() or name in SHARED_COMPONENT_PACKAGES):
         return importlib.import_module(f"tune.models.{name}")  # binds itself here as an attribute
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -39,4 +43,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-__all__ = [*_HF_FUNCTIONS, *_families()]
+__all__ = [*_HF_FUNCTIONS, *_CLASSIFIER_FUNCTIONS, *_families()]

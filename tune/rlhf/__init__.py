@@ -18,9 +18,11 @@ from tune.rlhf._grpo import (
     grpo_trajectory,
     trajectory_log_probs,
 )
+from tune.rlhf._kto import DesirableRate, KTOMetrics, check_unpaired_dataset
 from tune.rlhf._metrics import PreferenceMetrics
 from tune.rlhf._ppo import PPOStats, Trajectory, estimate_advantages, get_rewards_ppo
 from tune.rlhf._reference import IndexedPairs, collate_with_indices, precompute_reference_log_probs
+from tune.rlhf._reward_model import RewardModelReward
 from tune.rlhf._rewards import (
     THINK_ANSWER_FORMAT,
     AnswerReward,
@@ -34,6 +36,7 @@ from tune.rlhf._rewards import (
 )
 from tune.rlhf._sequence_processing import (
     SequenceLogProbs,
+    chosen_nll_labels,
     completion_logit_sums,
     get_batch_log_probs,
     get_reward_penalty_mask,
@@ -52,6 +55,7 @@ __all__ = [
     "AnswerReward",
     "FormatReward",
     "RewardFunction",
+    "RewardModelReward",
     "THINK_ANSWER_FORMAT",
     "WeightedRewards",
     "DATASET_INDEX_KEY",
@@ -75,10 +79,14 @@ __all__ = [
     "Trajectory",
     "estimate_advantages",
     "get_rewards_ppo",
+    "DesirableRate",
+    "KTOMetrics",
+    "check_unpaired_dataset",
     "PREFERENCE_KEYS",
     "PreferenceMetrics",
     "check_preference_dataset",
     "SequenceLogProbs",
+    "chosen_nll_labels",
     "completion_logit_sums",
     "get_batch_log_probs",
     "get_reward_penalty_mask",

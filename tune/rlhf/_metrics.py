@@ -10,6 +10,7 @@ from tune.rlhf._sequence_processing import completion_logit_sums
 # slots of the running sums
 _PAIRS, _CHOSEN_REWARD, _REJECTED_REWARD, _CORRECT, _CHOSEN_LOGPS, _REJECTED_LOGPS = range(6)
 _CHOSEN_LOGITS, _CHOSEN_TOKENS, _REJECTED_LOGITS, _REJECTED_TOKENS = range(6, 10)
+_NLL, _NLL_TOKENS, _ODDS_PAIRS, _LOG_SIGMOID_ODDS, _LOG_ODDS = range(10, 15)  # ORPO's
 
 
 class PreferenceMetrics:
@@ -22,12 +23,16 @@ class PreferenceMetrics:
     ``logits/rejected`` are the policy's logits averaged over the vocabulary and over every completion token
     (token-weighted, as TRL does within a batch).
 
+    ORPO adds, when :meth:`update` is given them: ``nll_loss``, the chosen sequences' negative log-likelihood per
+    token (over every token of the window); ``log_odds_ratio`` and ``log_odds_chosen``, the pair means of
+    ``log sigmoid(z)`` and of the log odds ratio ``z`` (``tune.rlhf.loss.ORPOLoss.log_odds``).
+
     Args:
         device (torch.device): where the sums live (the training device).
     """
 
     def __init__(self, device: torch.device) -> None:
-        self._sums = torch.zeros(10, dtype=torch.float64, device=device)
+        self._sums = torch.zeros(15, dtype=torch.float64, device=device)
 
     @torch.no_grad()
     def update(
@@ -42,6 +47,9 @@ class PreferenceMetrics:
         *,
         logit_sums: torch.Tensor | None = None,
         num_tokens: torch.Tensor | None = None,
+        nll_sum: torch.Tensor | None = None,
+        nll_tokens: torch.Tensor | None = None,
+        log_odds: torch.Tensor | None = None,
     ) -> None:
         """Adds one micro-batch of pairs.
 
@@ -60,15 +68,27 @@ class PreferenceMetrics:
             logit_sums (torch.Tensor | None): ``[2b]`` per row, the sum over its completion positions of the
                 vocabulary-mean logit (instead of ``logits``), chosen rows first.
             num_tokens (torch.Tensor | None): ``[2b]`` completion tokens of each row, with ``logit_sums``.
+            nll_sum (torch.Tensor | None): the summed negative log-likelihood of the chosen sequences (ORPO).
+            nll_tokens (torch.Tensor | None): the number of tokens in ``nll_sum``.
+            log_odds (torch.Tensor | None): ``[b]`` the log odds ratio of each pair (ORPO).
 
         Raises:
             ValueError: when ``logits`` and ``logit_sums`` are both given, or only one of ``logit_sums`` and
-                ``num_tokens``.
+                ``num_tokens`` (or of ``nll_sum`` and ``nll_tokens``).
         """
         if logits is not None and logit_sums is not None:
             raise ValueError("PreferenceMetrics.update takes the logits or their logit_sums, not both.")
         if (logit_sums is None) != (num_tokens is None):
             raise ValueError("PreferenceMetrics.update needs logit_sums and num_tokens together.")
+        if (nll_sum is None) != (nll_tokens is None):
+            raise ValueError("PreferenceMetrics.update needs nll_sum and nll_tokens together.")
+        if nll_sum is not None:
+            self._sums[_NLL : _NLL_TOKENS + 1] += torch.stack([nll_sum.detach().sum(), nll_tokens.sum()]).to(self._sums)
+        if log_odds is not None:
+            log_odds = log_odds.detach().double()
+            self._sums[_ODDS_PAIRS:] += torch.stack(
+                [torch.ones_like(log_odds).sum(), torch.nn.functional.logsigmoid(log_odds).sum(), log_odds.sum()]
+            ).to(self._sums)
         sums = torch.stack(
             [
                 torch.ones_like(chosen_rewards).sum(),  # the pair count, without a host-to-device copy
@@ -86,7 +106,7 @@ class PreferenceMetrics:
             return
         chosen_logits, rejected_logits = logit_sums.detach().chunk(2)
         chosen_tokens, rejected_tokens = num_tokens.chunk(2)
-        self._sums[_CHOSEN_LOGITS:] += torch.stack(
+        self._sums[_CHOSEN_LOGITS:_NLL] += torch.stack(
             [chosen_logits.sum(), chosen_tokens.sum(), rejected_logits.sum(), rejected_tokens.sum()]
         ).to(self._sums)
 
@@ -118,4 +138,9 @@ class PreferenceMetrics:
             metrics["logits/chosen"] = values[_CHOSEN_LOGITS] / values[_CHOSEN_TOKENS]
         if values[_REJECTED_TOKENS] > 0:
             metrics["logits/rejected"] = values[_REJECTED_LOGITS] / values[_REJECTED_TOKENS]
+        if values[_NLL_TOKENS] > 0:
+            metrics["nll_loss"] = values[_NLL] / values[_NLL_TOKENS]
+        if values[_ODDS_PAIRS] > 0:
+            metrics["log_odds_ratio"] = values[_LOG_SIGMOID_ODDS] / values[_ODDS_PAIRS]
+            metrics["log_odds_chosen"] = values[_LOG_ODDS] / values[_ODDS_PAIRS]
         return metrics

@@ -127,11 +127,45 @@ class SequenceLogProbs(NamedTuple):
         logit_sums (torch.Tensor): ``[b]`` float32, detached: the sum over the row's labelled positions of the
             logits averaged over the vocabulary (what ``PreferenceMetrics`` turns into ``logits/chosen``).
         num_tokens (torch.Tensor): ``[b]`` int64 number of labelled tokens of each row.
+        nll_sums (torch.Tensor | None): ``[b]`` float32, with ``nll_labels`` only: the summed negative
+            log-likelihood of each row's tokens labelled in ``nll_labels`` (ORPO's chosen sequences), attached to the
+            graph. Default None.
+        nll_tokens (torch.Tensor | None): ``[b]`` int64 number of those tokens. Default None.
     """
 
     log_probs: torch.Tensor
     logit_sums: torch.Tensor
     num_tokens: torch.Tensor
+    nll_sums: torch.Tensor | None = None
+    nll_tokens: torch.Tensor | None = None
+
+
+def chosen_nll_labels(
+    tokens: torch.Tensor, labels: torch.Tensor, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX
+) -> torch.Tensor:
+    """The labels of ORPO's NLL term for a preference batch: every token of each chosen sequence, prompt included.
+
+    A preference batch holds the chosen rows, then the rejected rows (``tune.data.padded_collate_dpo``), padded on
+    the right, with labels on the completions only. A chosen row's sequence runs from its first token to its last
+    labelled one (the padding comes after it): those positions are labelled with their tokens, as TRL's ORPO
+    trainer scores every non-padding token of the chosen sequence. The rejected rows get no label. A row whose
+    completion was cut away entirely has no label either.
+
+    Args:
+        tokens (torch.Tensor): ``[2b, s]`` token ids, chosen rows first.
+        labels (torch.Tensor): ``[2b, s]`` labels (not shifted); ``ignore_index`` outside the completions.
+        ignore_index (int): the ignored label. Default -100.
+
+    Returns:
+        torch.Tensor: ``[2b, s]`` labels (not shifted), on the labels' device.
+    """
+    num_rows, seq_len = labels.shape
+    positions = torch.arange(seq_len, device=labels.device)
+    # the last labelled position of each row (-1 without any)
+    last = torch.where(labels != ignore_index, positions, -1).amax(dim=-1, keepdim=True)
+    in_sequence = positions <= last  # [2b, s]
+    in_sequence[num_rows // 2 :] = False  # rejected rows
+    return torch.where(in_sequence, tokens.to(labels.device), ignore_index)
 
 
 def completion_logit_sums(
@@ -162,6 +196,7 @@ def sequence_log_probs(
     chunk_size: int = COMPLETION_CHUNK_SIZE,
     select_labelled: bool | None = None,
     labels_shifted: bool = False,
+    nll_labels: torch.Tensor | None = None,
 ) -> SequenceLogProbs:
     """:func:`get_batch_log_probs` and the logits metrics from a decoder's final hidden states, projecting only
     the positions that predict a label (the completions of preference pairs) onto the vocabulary.
@@ -190,10 +225,16 @@ def sequence_log_probs(
         select_labelled (bool | None): project the labelled positions only (True) or every position (False);
             None (default) selects on CPU only, as said above.
         labels_shifted (bool): ``labels[t]`` is already the label position ``t`` predicts
-            (``tune.modules.loss.shift_labels``), as for a context-parallel rank's slice. Default False.
+            (``tune.modules.loss.shift_labels``), as for a context-parallel rank's slice (``nll_labels`` too).
+            Default False.
+        nll_labels (torch.Tensor | None): ``[b, s]`` a second set of labels (:func:`chosen_nll_labels`) whose
+            summed negative log-likelihood per row is returned as ``nll_sums`` (and their count as
+            ``nll_tokens``); the positions of both sets are projected once. Where both label a position they must
+            agree. Default None.
 
     Returns:
-        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]``.
+        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]`` (and ``nll_sums``,
+        ``nll_tokens`` with ``nll_labels``).
 
     Raises:
         ValueError: when ``hidden`` is not ``[*labels.shape, d]`` or ``chunk_size`` is not positive.
@@ -206,9 +247,18 @@ def sequence_log_probs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of positions, got {chunk_size}.")
     num_rows, seq_len, dim = hidden.shape
-    # [b, s]: the label position t predicts (t + 1's, unless the caller shifted them already)
-    targets_grid = labels if labels_shifted else F.pad(labels[:, 1:], (0, 1), value=ignore_index)
+
+    def shifted(grid: torch.Tensor) -> torch.Tensor:  # [b, s]: the label position t predicts
+        return grid if labels_shifted else F.pad(grid[:, 1:], (0, 1), value=ignore_index)
+
+    targets_grid = shifted(labels)
     scored = targets_grid != ignore_index
+    nll_scored = None
+    if nll_labels is not None:  # project the positions of both sets, each target from the set that labels it
+        nll_grid = shifted(nll_labels.to(labels.device))
+        nll_scored = nll_grid != ignore_index
+        targets_grid = torch.where(scored, targets_grid, nll_grid)
+        scored, completion = scored | nll_scored, scored
     if select_labelled is None:
         select_labelled = hidden.device.type == "cpu"
     if select_labelled:
@@ -225,12 +275,19 @@ def sequence_log_probs(
     # back on the [b, s] grid (0 elsewhere) and summed per row, as get_batch_log_probs sums
     flat = rows * seq_len + columns
     grid = token_log_probs.new_zeros(num_rows * seq_len)
+    nll_sums = nll_tokens = None
+    if nll_scored is not None:  # the NLL over the second set; the log-probs and logits over the first only
+        nll_sums = -grid.index_copy(0, flat, token_log_probs * nll_scored[rows, columns]).view(num_rows, -1).sum(-1)
+        nll_tokens = nll_scored.sum(dim=-1)
+        in_completion = completion[rows, columns]
+        token_log_probs, mean_logits = token_log_probs * in_completion, mean_logits * in_completion
+        scored = completion
     log_probs = grid.index_copy(0, flat, token_log_probs).view(num_rows, seq_len).sum(dim=-1)
     logit_sums = grid.index_copy(0, flat, mean_logits).view(num_rows, seq_len).sum(dim=-1)
     num_tokens = scored.sum(dim=-1)
     if average_log_probs:
         log_probs = log_probs / num_tokens.clamp(min=1)
-    return SequenceLogProbs(log_probs, logit_sums.float(), num_tokens)
+    return SequenceLogProbs(log_probs, logit_sums.float(), num_tokens, nll_sums, nll_tokens)
 
 
 def model_sequence_log_probs(
@@ -241,6 +298,7 @@ def model_sequence_log_probs(
     average_log_probs: bool = False,
     ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
     context_parallel: "ContextParallel | None" = None,
+    nll_labels: torch.Tensor | None = None,
 ) -> SequenceLogProbs:
     """Runs ``model`` on ``tokens`` and scores the labelled tokens (the completions): :class:`SequenceLogProbs`.
 
@@ -259,17 +317,28 @@ def model_sequence_log_probs(
         context_parallel (tune.training.ContextParallel | None): under context parallelism, this rank runs its
             chunks of each sequence and the per-row sums are added over the group (every rank gets the whole rows'
             values). Default None.
+        nll_labels (torch.Tensor | None): ``[b, s]`` labels (not shifted) whose summed negative log-likelihood per
+            row is returned too (``nll_sums``, ``nll_tokens``): ORPO's chosen sequences, :func:`chosen_nll_labels`.
+            Default None.
 
     Returns:
-        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]``.
+        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]`` (and ``nll_sums``,
+        ``nll_tokens`` with ``nll_labels``).
     """
     if context_parallel is not None and context_parallel.enabled:
-        return _context_parallel_log_probs(model, tokens, labels, average_log_probs, ignore_index, context_parallel)
+        return _context_parallel_log_probs(
+            model, tokens, labels, average_log_probs, ignore_index, context_parallel, nll_labels
+        )
     projection = getattr(model, "output", None)
     if projection is None or not hasattr(model, "skip_output_layer"):
         logits = model(tokens)
         log_probs = get_batch_log_probs(logits, labels, ignore_index, return_average_logprobs=average_log_probs)
-        return SequenceLogProbs(log_probs, *completion_logit_sums(logits, labels, ignore_index))
+        nll_sums = nll_tokens = None
+        if nll_labels is not None:
+            nll_labels = nll_labels.to(labels.device)
+            nll_sums = -get_batch_log_probs(logits, nll_labels, ignore_index)
+            nll_tokens = (nll_labels[:, 1:] != ignore_index).sum(dim=-1)
+        return SequenceLogProbs(log_probs, *completion_logit_sums(logits, labels, ignore_index), nll_sums, nll_tokens)
     previous = model.skip_output_layer
     model.skip_output_layer = True
     try:
@@ -277,7 +346,12 @@ def model_sequence_log_probs(
     finally:
         model.skip_output_layer = previous
     return sequence_log_probs(
-        hidden, labels, projection, average_log_probs=average_log_probs, ignore_index=ignore_index
+        hidden,
+        labels,
+        projection,
+        average_log_probs=average_log_probs,
+        ignore_index=ignore_index,
+        nll_labels=nll_labels,
     )
 
 
@@ -408,19 +482,29 @@ def _context_parallel_log_probs(
     average_log_probs: bool,
     ignore_index: int,
     context_parallel: "ContextParallel",
+    nll_labels: torch.Tensor | None = None,
 ) -> SequenceLogProbs:
     if not hasattr(model, "skip_output_layer"):
         raise ValueError("context parallelism scores sequences with tune decoders (a model with skip_output_layer).")
-    targets = F.pad(labels[:, 1:], (0, 1), value=ignore_index)  # shifted before the sequence is cut
-    tokens, targets, inputs = context_parallel.shard(tokens, targets, {})
+
+    def shifted(grid: torch.Tensor) -> torch.Tensor:  # shifted before the sequence is cut
+        return F.pad(grid[:, 1:], (0, 1), value=ignore_index)
+
+    nll_targets = None
+    if nll_labels is not None:  # this rank's slice of the NLL labels, cut as the tokens are
+        _, nll_targets, _ = context_parallel.shard(tokens, shifted(nll_labels.to(labels.device)), {})
+    tokens, targets, inputs = context_parallel.shard(tokens, shifted(labels), {})
     previous = model.skip_output_layer
     model.skip_output_layer = True
     try:
         hidden = model(tokens, **inputs)
     finally:
         model.skip_output_layer = previous
-    scores = sequence_log_probs(hidden, targets, model.output, ignore_index=ignore_index, labels_shifted=True)
-    log_probs, logit_sums, num_tokens = (context_parallel.sum(value) for value in scores)
+    scores = sequence_log_probs(
+        hidden, targets, model.output, ignore_index=ignore_index, labels_shifted=True, nll_labels=nll_targets
+    )
+    # every value is a per-row sum over this rank's positions: the whole rows' sums are their sums over the group
+    scores = SequenceLogProbs(*(None if value is None else context_parallel.sum(value) for value in scores))
     if average_log_probs:
-        log_probs = log_probs / num_tokens.clamp(min=1)
-    return SequenceLogProbs(log_probs, logit_sums, num_tokens)
+        scores = scores._replace(log_probs=scores.log_probs / scores.num_tokens.clamp(min=1))
+    return scores

@@ -75,6 +75,10 @@ _NON_RECIPE_KEYS = {keys.MODEL_KEY, keys.ADAPTER_KEY, keys.ADAPTER_CONFIG}
 # torchtune's `model_type: REWARD` names a kind of model, not a family: a Llama-style sequence classifier whose
 # family is config.json's `model_type` (read by FullModelHFCheckpointer)
 _FAMILY_FROM_HF_CONFIG = "reward"
+# a sequence classifier's head: tune's `output` projection, transformers' `score` (in a PEFT adapter, a module of
+# `modules_to_save`, saved whole)
+_HEAD_KEY = "output.weight"
+_PEFT_SCORE_KEY = PEFT_PREFIX + "score.weight"
 
 
 @dataclass
@@ -202,6 +206,9 @@ class _Checkpointer:
         resume = resume_from_checkpoint or should_load_recipe_state
         self._resume_dir = self._find_resume_dir() if resume else None
         self._config: dict[str, Any] = {}
+        self._classifier = False  # the input is a sequence classifier (read by the formats that know one)
+        self._classifier_pad_token_id: int | None = None  # set by as_sequence_classifier: the output is one
+        self._num_labels: int | None = None  # the head's rows, as last saved
         self._setup_format()
         if self._family is None and str(model_type).lower() == _FAMILY_FROM_HF_CONFIG:
             raise ValueError(
@@ -233,6 +240,18 @@ class _Checkpointer:
     def _hf_config(self) -> dict[str, Any]:
         """The HF config dict that the family's converters receive."""
         return self._config
+
+    def as_sequence_classifier(self, pad_token_id: int) -> None:
+        """Reads and writes the model as a sequence classifier (a reward model) from here on; see
+        :meth:`FullModelHFCheckpointer.as_sequence_classifier`.
+
+        Raises:
+            ValueError: always: only the Hugging Face format has sequence-classifier checkpoints.
+        """
+        raise ValueError(
+            f"{type(self).__name__} cannot write a sequence classifier (reward model): use "
+            "tune.training.FullModelHFCheckpointer, whose output loads as AutoModelForSequenceClassification."
+        )
 
     def _passthrough_keys(self, written: set[str]) -> list[str]:
         """Keys of the input files that a written model carries over unchanged (none but in the HF format)."""
@@ -410,6 +429,14 @@ class _Checkpointer:
                     "this adapter would compute different outputs. Merge it with PEFT and load the merged model."
                 )
         state = load_weights_file(file)
+        head = state.pop(_PEFT_SCORE_KEY, None)  # a sequence classifier's head, saved whole (modules_to_save)
+        if head is not None:
+            return {**self._load_peft_or_tune_adapter(state, file, config), _HEAD_KEY: head}
+        return self._load_peft_or_tune_adapter(state, file, config)
+
+    def _load_peft_or_tune_adapter(
+        self, state: dict[str, torch.Tensor], file: Path, config: Mapping[str, Any] | None
+    ) -> dict[str, torch.Tensor]:
         # --- MoE expert adapters (tune keys, in their own file: PEFT cannot load them); see _formats.py ---
         from tune.training.checkpointing._formats import load_expert_adapter
 
@@ -487,6 +514,12 @@ class _Checkpointer:
             )
         if adapter_in_model:
             model = merge_adapter(model, float(adapter_config["lora_alpha"]))
+        if self._classifier_pad_token_id is not None:  # the head trains in full: the adapter carries it
+            head = adapter.get(_HEAD_KEY, model.get(_HEAD_KEY))
+            if adapter and head is not None:
+                adapter[_HEAD_KEY] = head
+            if head is not None:
+                self._num_labels = int(head.shape[0])
         write_model = bool(model) and not (adapter_only or self._save_adapter_weights_only)
         marker: dict[str, Any] = {"format": self.format_name, "epoch": epoch, "global_step": step}
         with atomic_checkpoint_dir(self._output_dir, name, marker) as directory:
@@ -580,6 +613,8 @@ class _Checkpointer:
         self, adapter: dict[str, torch.Tensor], adapter_config: Mapping[str, Any], directory: Path
     ) -> None:
         alphas: dict[str, float] = {}
+        adapter = dict(adapter)
+        head = adapter.pop(_HEAD_KEY, None) if self._classifier_pad_token_id is not None else None
         if self._family is not None and self._family.tune_to_hf is not None:
             weights, ranks, alphas = adapter_to_peft(
                 adapter,
@@ -594,6 +629,8 @@ class _Checkpointer:
             ranks = {k[: -len(suffix)]: v.shape[0] for k, v in adapter.items() if k.endswith(suffix)}
         rank = int(adapter_config.get("r") or max(ranks.values()))
         use_dora = any(k.endswith("magnitude") for k in adapter)
+        if head is not None:
+            weights[_PEFT_SCORE_KEY] = head.detach()
         save_safetensors(weights, directory / keys.ADAPTER_MODEL_FILE)
         # --- MoE expert adapters (tune keys, in their own file: PEFT cannot load them); see _formats.py ---
         from tune.training.checkpointing._formats import save_expert_adapter
@@ -601,6 +638,8 @@ class _Checkpointer:
         save_expert_adapter(adapter, directory)
         # --- end MoE ---
         peft_config = self._peft_config(adapter_config, rank, ranks, alphas, use_dora)
+        if head is not None:  # PEFT's sequence-classification adapter: the score head is saved whole
+            peft_config.update(task_type="SEQ_CLS", modules_to_save=["score"])
         excluded = self._peft_excluded_modules(ranks)
         if excluded is not None:  # modules of the same names outside tune's model (a vision tower's q_proj)
             peft_config["exclude_modules"] = excluded
@@ -744,19 +783,75 @@ class FullModelHFCheckpointer(_Checkpointer):
             patterns.append(rf"(?:model\.)?(?:{'|'.join(re.escape(part) for part in idle)})\..*")
         return "|".join(patterns) or None
 
+    def as_sequence_classifier(self, pad_token_id: int) -> None:
+        """Reads and writes the model as a Hugging Face sequence classifier (a reward model) from here on, whatever
+        the input is: call it before :meth:`load_checkpoint`.
+
+        From a causal language model, the state dict read holds its LM head as ``output.weight`` (the embeddings
+        where they are tied), for :func:`tune.training.update_state_dict_for_classifier` to replace by the
+        classifier's fresh head. Every checkpoint saved is then a ``<Family>ForSequenceClassification`` model:
+        ``config.json`` with that architecture, ``num_labels`` (``id2label``) from the head's rows,
+        ``pad_token_id`` (transformers finds each sequence's last token with it) and untied embeddings, the head as
+        ``score.weight``; a LoRA adapter is a PEFT ``SEQ_CLS`` adapter carrying the head whole
+        (``modules_to_save: ["score"]``). A resumed run reads these back.
+
+        Args:
+            pad_token_id (int): the tokenizer's padding id.
+
+        Raises:
+            ValueError: if the input's ``architectures`` has no sequence-classification counterpart
+                (``*ForCausalLM``).
+        """
+        self._classifier_architecture()  # fails now, not at the first save
+        self._classifier_pad_token_id = int(pad_token_id)
+
+    def _classifier_architecture(self) -> str:
+        architectures = [str(name) for name in self._config.get("architectures") or ()]
+        for name in architectures:
+            if name.endswith("ForSequenceClassification"):
+                return name
+            if name.endswith("ForCausalLM"):
+                return name.removesuffix("ForCausalLM") + "ForSequenceClassification"
+        raise ValueError(
+            f"{self._checkpoint_dir / 'config.json'} names architectures {architectures}; a sequence classifier is "
+            "made from a *ForCausalLM (or *ForSequenceClassification) checkpoint of a text model."
+        )
+
     # A sequence classifier's `score` head is the output projection of tune's classifier builders: the family's
     # converter handles it as the (untied) `lm_head`.
     def _to_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if not self._classifier:
-            return self._converter("hf_to_tune")(state_dict, self._config)
+        scored = self._classifier or (
+            self._classifier_pad_token_id is not None and any(k.startswith("score.") for k in state_dict)
+        )  # a classifier input, or a resumed run's own classifier checkpoint
+        if not scored:
+            converted = self._converter("hf_to_tune")(state_dict, self._config)
+            if self._classifier_pad_token_id is not None and _HEAD_KEY not in converted:
+                converted[_HEAD_KEY] = converted["tok_embeddings.weight"]  # the tied LM head, replaced by the recipe
+            return converted
         untied = {**self._config, "tie_word_embeddings": False}
         return self._converter("hf_to_tune")(_rename_head(state_dict, "score.", "lm_head."), untied)
 
     def _from_tune(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if not self._classifier:
+        if not self._classifier and self._classifier_pad_token_id is None:
             return self._converter("tune_to_hf")(state_dict, self._config)
         untied = {**self._config, "tie_word_embeddings": False}
         return _rename_head(self._converter("tune_to_hf")(state_dict, untied), "lm_head.", "score.")
+
+    def _copy_extra_files(self, directory: Path) -> None:
+        super()._copy_extra_files(directory)
+        if self._classifier_pad_token_id is None:
+            return
+        num_labels = self._num_labels or len(self._config.get("id2label") or {}) or 1
+        labels = [f"LABEL_{index}" for index in range(num_labels)]
+        classifier = {
+            **self._config,
+            "architectures": [self._classifier_architecture()],
+            "id2label": dict(enumerate(labels)),
+            "label2id": {label: index for index, label in enumerate(labels)},
+            "pad_token_id": self._classifier_pad_token_id,
+            "tie_word_embeddings": False,  # the head is its own matrix
+        }
+        save_json(classifier, directory / "config.json")
 
 
 class FullModelMetaCheckpointer(_Checkpointer):
