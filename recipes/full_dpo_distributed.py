@@ -51,7 +51,7 @@ RECIPE_INFO = {
     "supports_distributed": True,
     "configs": ["*/*_full_dpo", "*/*_full_orpo"],
     # the optional keys this recipe reads: filled in from tune.config.OPTIONAL_KEYS where a config leaves them out
-    "optional_keys": ["finetune", "distributed", "dpo"],
+    "optional_keys": ["finetune", "distributed", "dpo", "reference"],
 }
 
 # settings of the "finetune" table this recipe does not support, with the reason (reported with the other problems)

@@ -311,11 +311,15 @@ ORPO_CONFIGS: list[tuple[str, str, str]] = [
 ]
 
 # family -> its shipped KTO configs, relative to configs/, with the method its model builder names (run by
-# tests/recipes/test_kto_every_family.py on the generated preference pairs, unpaired)
+# tests/recipes/test_kto_every_family.py on the generated preference pairs, unpaired; kto_distributed's on 2 ranks)
 KTO_CONFIGS: dict[str, list[tuple[str, str]]] = {
     "llama3_2": [("llama3_2/1B_lora_kto_single_device.yaml", "lora")],
-    "qwen2_5": [("qwen2_5/1.5B_lora_kto_single_device.yaml", "lora")],
-    "qwen3": [("qwen3/1.7B_lora_kto_single_device.yaml", "lora"), ("qwen3/1.7B_full_kto_single_device.yaml", "full")],
+    "qwen2_5": [("qwen2_5/1.5B_lora_kto_single_device.yaml", "lora"), ("qwen2_5/7B_full_kto.yaml", "full")],
+    "qwen3": [
+        ("qwen3/1.7B_lora_kto_single_device.yaml", "lora"),
+        ("qwen3/1.7B_full_kto_single_device.yaml", "full"),
+        ("qwen3/8B_lora_kto.yaml", "lora"),
+    ],
     "gemma": [("gemma/2B_lora_kto_single_device.yaml", "lora")],
     "mistral": [("mistral/7B_lora_kto_single_device.yaml", "lora")],
 }

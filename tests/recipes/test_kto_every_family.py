@@ -2,12 +2,13 @@
 config as shipped (accumulation, schedule, optimizer, shuffling), on the generated preference pairs read as unpaired
 examples (``tune.datasets.unpaired_from_pairs``), 4 steps of 1 example per micro-batch; the outputs load in
 transformers (and PEFT for LoRA), and a run resumed after step 2 ends with the uninterrupted run's losses and
-weights."""
+weights. kto_distributed's configs run on 2 gloo ranks (1 example per rank and micro-batch)."""
 
 import pytest
 import torch
 
 from tests.recipes import _family_assets as assets
+from tests.recipes.dist_utils import run_distributed
 from tests.recipes.test_every_family import (
     NUM_STEPS,
     _check_peft,
@@ -25,11 +26,11 @@ from tests.recipes.utils import read_jsonl, run_recipe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-RECIPE = "kto_single_device"
+RECIPE, DIST_RECIPE = "kto_single_device", "kto_distributed"
 CASES = [(family, relative, method) for family, cases in assets.KTO_CONFIGS.items() for relative, method in cases]
 
 
-def _kto_overrides(family: str, method: str, data, out, adapter) -> list[str]:
+def _kto_overrides(family: str, method: str, data, out, adapter, distributed: bool = False) -> list[str]:
     overrides = [
         o for o in _overrides(family, method, data, out, adapter) if not o.startswith(("dataset.", "batch_size="))
     ]
@@ -41,6 +42,8 @@ def _kto_overrides(family: str, method: str, data, out, adapter) -> list[str]:
         f"dataset.data_files={data / 'pairs.json'}",
         "dataset.split=train",
         "dataset.kl_group_size=4",  # 2 pairs per group: chosen, chosen, rejected, rejected
+        # kto_distributed, full: the frozen reference is the same tiny checkpoint
+        *([f"ref_checkpointer.checkpoint_dir={data / 'hf'}"] if method == "full" and distributed else []),
     ]
 
 
@@ -50,8 +53,17 @@ def test_shipped_kto_config_trains_resumes_and_loads_in_hf(family_assets, tmp_pa
     config = _copy_config(relative, tmp_path)
     lora = _lora_node(config) if method == "lora" else None
     adapter = _initial_adapter(family, data / "hf", lora, tmp_path / "initial_adapter") if lora else None
+    distributed = not relative.endswith("_single_device.yaml")
+
+    def run(out, *extra):
+        overrides = [*_kto_overrides(family, method, data, out, adapter, distributed), *extra]
+        if distributed:
+            run_distributed(DIST_RECIPE, config, overrides, cwd=tmp_path)
+        else:
+            run_recipe(RECIPE, config, overrides, cwd=tmp_path, timeout=300)
+
     out = tmp_path / "run"
-    run_recipe(RECIPE, config, _kto_overrides(family, method, data, out, adapter), cwd=tmp_path, timeout=300)
+    run(out)
     (log,) = (out / "logs").glob("*.jsonl")
     records = [r for r in read_jsonl(log) if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, NUM_STEPS + 1))
@@ -63,6 +75,5 @@ def test_shipped_kto_config_trains_resumes_and_loads_in_hf(family_assets, tmp_pa
     if lora:
         _check_peft(family, method, data, out / f"step_{NUM_STEPS}", lora)
     resumed_out = _crashed_copy(out, tmp_path / "resumed")
-    overrides = [*_kto_overrides(family, method, data, resumed_out, adapter), "resume_from_checkpoint=True"]
-    run_recipe(RECIPE, config, overrides, cwd=tmp_path, timeout=300)
+    run(resumed_out, "resume_from_checkpoint=True")
     _check_resumed(resumed_out, _losses(out), trained)

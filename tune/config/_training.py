@@ -89,6 +89,11 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
     "kto": {
         "collate_fn": "tune.data.padded_collate_kto",
     },
+    # the full-fine-tuning recipes with a frozen reference model (full_dpo_distributed, kto_distributed): its
+    # checkpoint, sharded like the policy (torchtune's key; LoRA's reference is the model with adapters disabled)
+    "reference": {
+        "ref_checkpointer": None,
+    },
     # the reward-model recipe, read after "finetune": pairs collated chosen rows first, then rejected rows
     "reward": {
         "collate_fn": "tune.data.padded_collate_dpo",
@@ -115,6 +120,8 @@ DEFAULT_NOTES: dict[str, str] = {
     "clip_grad_norm": "no clipping (the grad norm is still logged)",
     "top_k": "sample from the whole vocabulary",
     "reward_weights": "1 for each reward function",
+    "ref_checkpointer": "not used by LoRA or a reference-free loss (SimPO, ORPO); kto_distributed: the "
+    "checkpointer's starting weights; full_dpo_distributed: required by a loss with a reference",
 }
 
 

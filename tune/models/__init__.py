@@ -15,7 +15,7 @@ from tune.registry import SHARED_COMPONENT_PACKAGES
 # tune.registry, so they are imported on first access, never by a family)
 _HF_FUNCTIONS = ("from_hf", "to_hf_state_dict")
 # tune.models._classifier: any family's decoder as a sequence classifier (a reward model)
-_CLASSIFIER_FUNCTIONS = ("classifier_model",)
+_CLASSIFIER_FUNCTIONS = ("classifier_model", "init_classifier_head")
 
 
 def _families() -> list[str]:

@@ -1,6 +1,7 @@
 """A sequence classifier (a reward model, say) from the decoder of any text family: its output projection swapped
 for a small head that scores every position."""
 
+import torch
 from torch import nn
 
 from tune.modules import TransformerDecoder
@@ -56,6 +57,31 @@ def classifier_model(
         log.warning("The base model's output projection has LoRA; the classifier replaces it by its own head.")
     embeddings = base.tok_embeddings.weight  # [vocab_size, embed_dim]: the head follows its device and dtype
     head = nn.Linear(embeddings.shape[1], num_classes, bias=False, device=embeddings.device, dtype=embeddings.dtype)
+    head.initializer_range = initializer_range  # for init_classifier_head, on a model built on the meta device
     nn.init.normal_(head.weight, mean=0.0, std=initializer_range)
     base.output = head
     return base
+
+
+def init_classifier_head(model: TransformerDecoder, device: torch.device | str) -> None:
+    """Creates and draws the head of a classifier built on the meta device (FSDP2 recipes build the model there and
+    load the checkpoint's weights shard by shard; a head the checkpoint lacks is drawn here).
+
+    The head of :func:`classifier_model` is drawn as that function draws it (normal, std ``initializer_range``),
+    a family's ``*_classifier`` head by its own ``reset_parameters``. With the same seed on every rank, every
+    rank draws the same head. A head already materialised is left as it is.
+
+    Args:
+        model (TransformerDecoder): the classifier, its ``output`` the head.
+        device (torch.device | str): where the head is created (the device that shards live on).
+    """
+    head = model.output
+    if not head.weight.is_meta:
+        return
+    head.to_empty(device=device)
+    std = getattr(head, "initializer_range", None)
+    with torch.no_grad():
+        if std is None:
+            head.reset_parameters()
+        else:
+            nn.init.normal_(head.weight, mean=0.0, std=std)

@@ -4,6 +4,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 
@@ -138,10 +139,24 @@ class DesirableRate:
             prompt = tuple(tokens[row, : start if start >= 0 else tokens.shape[1]].tolist())
             self._by_prompt[prompt][0 if good else 1].append(value)
 
-    def compute(self) -> tuple[float, int]:
-        """The rate and the number of comparisons it is over (``nan`` and 0 when no prompt has both kinds)."""
+    def compute(self, all_ranks: bool = False) -> tuple[float, int]:
+        """The rate and the number of comparisons it is over (``nan`` and 0 when no prompt has both kinds).
+
+        Args:
+            all_ranks (bool): distributed recipes: compare the examples of every rank, whichever rank scored them
+                (a collective: the log-probabilities by prompt are gathered from every rank). Default False.
+        """
+        by_prompt = self._by_prompt
+        if all_ranks and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, dict(self._by_prompt))
+            by_prompt = defaultdict(lambda: ([], []))
+            for part in gathered:
+                for prompt, (good, bad) in part.items():
+                    by_prompt[prompt][0].extend(good)
+                    by_prompt[prompt][1].extend(bad)
         wins = comparisons = 0
-        for good, bad in self._by_prompt.values():
+        for good, bad in by_prompt.values():
             for value in good:
                 wins += sum(value > other for other in bad)
                 comparisons += len(bad)

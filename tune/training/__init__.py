@@ -23,6 +23,7 @@ from tune.training._distillation import (
     prepare_teacher,
 )
 from tune.training._distributed import (
+    all_reduce_max,
     all_reduce_sum,
     errors_on_all_ranks,
     gather_cpu_state_dict,
@@ -196,6 +197,7 @@ __all__ = [
     "WandBLogger",
     "activation_offloading_context",
     "activation_offloading_supported",
+    "all_reduce_max",
     "all_reduce_sum",
     "apply_activation_checkpointing",
     "apply_expert_parallel",

@@ -147,6 +147,25 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """Elementwise maximum of ``tensor`` over all ranks, as a new tensor; the tensor itself when not distributed
+    (a minimum is the negated maximum of the negated values).
+
+    A collective: every rank must call it at the same point. Under NCCL the tensor must be on the GPU.
+
+    Args:
+        tensor (torch.Tensor): e.g. this rank's largest reward.
+
+    Returns:
+        torch.Tensor: the maximum over ranks.
+    """
+    if not _has_process_group() or dist.get_world_size() == 1:
+        return tensor
+    result = tensor.clone()
+    dist.all_reduce(result, op=dist.ReduceOp.MAX)
+    return result
+
+
 def sync_seed(seed: int | None) -> int | None:
     """The seed every rank must use: ``seed`` itself, or, for ``None``, one drawn on rank 0 and broadcast.
 

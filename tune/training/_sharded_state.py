@@ -14,6 +14,7 @@ from torch import nn
 
 from tune.modules.peft import is_adapter_key
 from tune.training._distributed import all_reduce_sum, errors_on_all_ranks, gather_cpu_state_dict
+from tune.training._finetuning_schedule import clean_param_name
 from tune.training._recipe_state import _RunState, restore_progress
 from tune.training.checkpointing import MODEL_KEY, OPT_KEY, DistributedCheckpointer
 from tune.utils import get_logger, log_rank_zero
@@ -67,12 +68,13 @@ def saved_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, ch
 
 
 def sharded_model_state(model: nn.Module, *, adapters_only: bool = False) -> dict[str, Any]:
-    """This rank's shards of the model's state dict, for DCP; with ``adapters_only`` the LoRA/DoRA entries alone
-    (a LoRA run's base weights do not change: they are read again from the input checkpoint).
+    """This rank's shards of the model's state dict, for DCP; with ``adapters_only`` the LoRA/DoRA entries and the
+    other trainable parameters (a reward model's score head, say) alone: a LoRA run's frozen base weights do not
+    change, they are read again from the input checkpoint.
 
     Args:
         model (nn.Module): the (sharded) model.
-        adapters_only (bool): keep only the adapter entries.
+        adapters_only (bool): keep only the adapter entries and the trainable parameters.
 
     Returns:
         dict[str, Any]: the state dict, sharded tensors included.
@@ -81,7 +83,9 @@ def sharded_model_state(model: nn.Module, *, adapters_only: bool = False) -> dic
 
     state = get_model_state_dict(model)
     if adapters_only:
-        state = {key: value for key, value in state.items() if is_adapter_key(key)}
+        # named as the state dict names them: without the activation-checkpointing / compile wrappers' parts
+        trainable = {clean_param_name(name) for name, param in model.named_parameters() if param.requires_grad}
+        state = {key: value for key, value in state.items() if is_adapter_key(key) or key in trainable}
     return state
 
 

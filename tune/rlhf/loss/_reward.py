@@ -5,6 +5,8 @@ response to the same prompt, it learns ``P(chosen preferred) = sigmoid(r_c - r_r
 reward-model objective: Ouyang et al., 2022, https://arxiv.org/abs/2203.02155, Eq. 1).
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -100,10 +102,27 @@ class RewardMetrics:
             [torch.minimum(self._extremes[0], both.min()), torch.maximum(self._extremes[1], both.max())]
         )
 
-    def compute(self) -> dict[str, float]:
-        """The metrics since the last call (empty when no pair was seen), then starts over."""
-        correct, margins, rewards, pairs = self._sums.tolist()
-        low, high = self._extremes.tolist()
+    def compute(
+        self,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        all_reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """The metrics since the last call (empty when no pair was seen), then starts over.
+
+        Args:
+            all_reduce (Callable | None): sums a tensor over data-parallel ranks (distributed recipes).
+            all_reduce_max (Callable | None): its elementwise maximum over the ranks, for the extremes; needed with
+                ``all_reduce``.
+
+        Returns:
+            dict[str, float]: the metrics over the pairs of every rank.
+        """
+        sums, extremes = self._sums, torch.stack([-self._extremes[0], self._extremes[1]])
+        if all_reduce is not None:
+            sums, extremes = all_reduce(sums), all_reduce_max(extremes)
+        correct, margins, rewards, pairs = sums.tolist()
+        negated_low, high = extremes.tolist()
+        low = -negated_low
         self._reset()
         if not pairs:
             return {}
