@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --disable-pip-version-check -q -c .ci/constraints.txt
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-all demo demo-rl demo-vision bench lint clean gpu-check
+.PHONY: setup test test-all demo demo-rl demo-rlhf demo-vision bench lint clean gpu-check
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,9 @@ demo: setup
 
 demo-rl: setup
 	bash demo/run_demo_rl.sh $(BIN)
+
+demo-rlhf: setup
+	bash demo/run_demo_rlhf.sh $(BIN)
 
 demo-vision: setup
 	bash demo/run_demo_vision.sh $(BIN)

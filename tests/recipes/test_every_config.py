@@ -25,6 +25,7 @@ from tests.recipes import _family_assets as assets
 from tests.recipes import (
     test_grpo_every_family,
     test_ppo_shipped_configs,
+    test_reward_model_distributed,
     test_reward_model_single_device,
     test_vision_gemma3,
     test_vision_llama3_2_vision,
@@ -61,6 +62,8 @@ def _run_elsewhere() -> dict[str, str]:
     found.update(dict.fromkeys(map(_name, kto), "test_kto_every_family.py"))
     reward = test_reward_model_single_device.SHIPPED_CONFIGS
     found.update(dict.fromkeys(map(_name, reward), "test_reward_model_single_device.py"))
+    reward_distributed = test_reward_model_distributed.SHIPPED_CONFIGS
+    found.update(dict.fromkeys(map(_name, reward_distributed), "test_reward_model_distributed.py"))
     orpo = (_name(relative) for _, relative, _ in assets.ORPO_CONFIGS)
     found.update(dict.fromkeys(orpo, "test_orpo_every_family.py"))
     found.update(dict.fromkeys(map(_name, test_ppo_shipped_configs.CASES.values()), "test_ppo_shipped_configs.py"))
@@ -78,6 +81,7 @@ def _run_elsewhere() -> dict[str, str]:
         ("run_demo.sh", "test_demo.py"),
         ("run_demo_rl.sh", "test_grpo_learns.py"),
         ("run_demo_vision.sh", "test_demo_vision.py"),
+        ("run_demo_rlhf.sh", "test_rlhf_pipeline_demo.py"),
     ):
         for name in re.findall(r"--config ([\w./-]+)", (ROOT / "demo" / script).read_text()):
             found.setdefault(name, test)
