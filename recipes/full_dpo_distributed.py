@@ -20,7 +20,9 @@ share of the pairs, the shares are all-gathered so that every rank holds every p
 each step), then the reference model is released: training holds no reference weights and runs one forward pass per
 micro-batch instead of two. At step 1 the policy equals the reference: the DPO loss is ln 2 and every reward is 0.
 Sequence log-probabilities are sums over the completion tokens (means for IPO and SimPO; only the completion positions
-are projected onto the vocabulary); batches hold the chosen rows then the rejected rows; pairs are not packed.
+are projected onto the vocabulary); batches hold the chosen sequences then the rejected ones, on CPU in one row
+without padding (``tune.data.padding_free_collate_dpo``, the default there unless ``context_parallel_dim > 1``),
+elsewhere padded (``tune.data.padded_collate_dpo``); pairs are not packed.
 ``batch_size`` is pairs per rank; the loss of a step is the mean over the pairs of all ranks and micro-batches (N ranks
 with batch b train exactly like one device with batch N*b), and the metrics under TRL's names are averaged over the same
 pairs. Checkpoints: the policy in its input format, gathered to rank 0 (``output_dir/step_N/``), and the sharded policy,
@@ -42,7 +44,7 @@ from omegaconf import DictConfig, ListConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tune import config, rlhf, training, utils
+from tune import config, data, rlhf, training, utils
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
 from tune.training.checkpointing import StatefulDistributedSampler
@@ -336,12 +338,17 @@ class FullDPORecipeDistributed:
         dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         with config.errors_at("dataset", config.component_name(cfg_dataset)):
             rlhf.check_preference_dataset(dataset)  # chosen and rejected sequences, not SFT samples
-        self._collate = config.instantiate_collate(  # chosen rows first, then rejected rows
+        # chosen sequences first, then rejected ones: padded rows, or one padding-free row (not under context
+        # parallelism, which cuts padded rows)
+        self._collate = config.instantiate_collate(
             cfg_collate,
             dataset,
             padding_idx=self._tokenizer.pad_id,
             ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
+            max_seq_len=getattr(self._model, "max_seq_len", None),
             device_type=self._device.type,
+            pairs=True,
+            padding_free=self._dims.cp_size == 1,
         )
         # one shard of the pairs per data-parallel rank
         sampler = StatefulDistributedSampler(
@@ -366,7 +373,7 @@ class FullDPORecipeDistributed:
 
     def loss_step(
         self,
-        batch: tuple[torch.Tensor, torch.Tensor],
+        batch: data.PreferenceBatch,
         metrics: rlhf.PreferenceMetrics,
         reference_log_probs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -374,8 +381,9 @@ class FullDPORecipeDistributed:
         objective.
 
         Args:
-            batch (tuple[torch.Tensor, torch.Tensor]): ``(tokens, labels)`` [2b, s], chosen rows then rejected rows
-                (labels ``-100`` outside the completions, not shifted); already on the device.
+            batch (data.PreferenceBatch): the chosen sequences, then the rejected ones (labels ``-100`` outside the
+                completions, not shifted): padded rows [2b, s], or one padding-free row [1, T] with its sequence
+                lengths, positions and mask (``batch.packed``); already on the device.
             metrics (rlhf.PreferenceMetrics): where the rewards, log-probabilities and logits of the pairs go.
             reference_log_probs (torch.Tensor | None): the reference's precomputed log-probabilities of the pairs
                 [b, 2] (chosen, rejected), looked up by the caller; None runs the reference model.
@@ -386,17 +394,22 @@ class FullDPORecipeDistributed:
             log-likelihood of the chosen sequences' tokens (the loop divides by those tokens of the whole step on
             all ranks); None otherwise.
         """
-        tokens, labels = batch
+        tokens, labels, packed = batch.tokens, batch.labels, batch.packed  # packed: {} for padded rows
         average = self._average_log_probs  # means instead of sums (IPO, SimPO, ORPO)
         # ORPO: every token of the chosen sequences (prompt included) is scored in the same pass, for the NLL
-        nll_labels = rlhf.chosen_nll_labels(tokens, labels) if self._chosen_nll else None
+        nll_labels = rlhf.chosen_nll_labels(tokens, labels, seq_lens=batch.seq_lens) if self._chosen_nll else None
         reference = None
         if reference_log_probs is not None:
             reference = (reference_log_probs[:, 0], reference_log_probs[:, 1])
         elif self._ref_model is not None:
             with torch.no_grad():
                 reference = rlhf.model_sequence_log_probs(
-                    self._ref_model, tokens, labels, average_log_probs=average, context_parallel=self._context_parallel
+                    self._ref_model,
+                    tokens,
+                    labels,
+                    average_log_probs=average,
+                    context_parallel=self._context_parallel,
+                    **packed,
                 )
                 reference = reference.log_probs.chunk(2)
         with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
@@ -407,6 +420,7 @@ class FullDPORecipeDistributed:
                 average_log_probs=average,
                 context_parallel=self._context_parallel,
                 nll_labels=nll_labels,
+                **packed,
             )
         policy = scores.log_probs.chunk(2)
         if reference is None:
@@ -443,20 +457,21 @@ class FullDPORecipeDistributed:
                 micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
                 # every pair of the step on every rank weighs the same: the pairs are counted on the CPU batches
                 # and summed over the ranks (a collective, no host-device sync)
-                num_pairs = sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches)
-                num_tokens = sum(training.num_loss_tokens(labels) for _, labels, _ in micro_batches)
+                num_pairs = sum(batch.num_pairs for batch, _ in micro_batches)
+                num_tokens = sum(training.num_loss_tokens(batch.labels) for batch, _ in micro_batches)
                 loss_scale = self._loss_tokens.step_loss_scale(
                     torch.tensor(num_pairs, device=device), num_loss_tokens=num_tokens.to(device)
                 )
                 if self._chosen_nll:  # ORPO's NLL is a mean over every chosen token of the step on all ranks
-                    num_nll_tokens = sum(
-                        training.num_loss_tokens(rlhf.chosen_nll_labels(*b[:2])[:, 1:]) for b in micro_batches
-                    )
+                    nll_labels = [
+                        rlhf.chosen_nll_labels(b.tokens, b.labels, seq_lens=b.seq_lens) for b, _ in micro_batches
+                    ]
+                    num_nll_tokens = sum(training.num_loss_tokens(n[:, 1:]) for n in nll_labels)
                     nll_scale = training.step_loss_scale(num_nll_tokens.to(device))  # a collective
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
-                for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
-                    throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
-                    batch = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True))
+                for batch_index, (batch, indices) in enumerate(micro_batches):
+                    throughput.update(training.count_tokens(batch.tokens, self._tokenizer.pad_id))
+                    batch = batch.to(device, non_blocking=True)
                     reference = self._look_up(self._reference_table, indices)
                     # this rank's share of the step's mean
                     pair_loss, nll = self.loss_step(batch, self._metrics, reference)
@@ -525,13 +540,12 @@ class FullDPORecipeDistributed:
         self._model.eval()
         metrics = rlhf.PreferenceMetrics(self._device)
         totals = torch.zeros(2, dtype=torch.float32, device=self._device)  # summed loss, pairs
-        for index, (tokens, labels, indices) in enumerate(self._val_dataloader):
+        for index, (batch, indices) in enumerate(self._val_dataloader):
             if self._max_validation_steps is not None and index >= self._max_validation_steps:
                 break
-            batch = (tokens.to(self._device), labels.to(self._device))
             reference = self._look_up(self._val_reference_table, indices)
-            totals[0] += self.loss_step(batch, metrics, reference)[0].float()
-            totals[1] += tokens.shape[0] // 2
+            totals[0] += self.loss_step(batch.to(self._device), metrics, reference)[0].float()
+            totals[1] += batch.num_pairs
         self._model.train()
         loss_sum, num_pairs = training.all_reduce_sum(totals).tolist()
         values = {"val_loss": loss_sum / max(num_pairs, 1.0)}

@@ -6,7 +6,8 @@ reference model is the policy with its adapters disabled (``tune.modules.peft.di
 weights; with ``precompute_ref_log_probs: true`` its log-probs of every training pair are computed once, before
 training, and looked up at each step. Sequence log-probabilities are sums over the completion tokens (means for IPO,
 SimPO and ORPO; the model returns hidden states and only the completion positions are projected onto the vocabulary,
-``tune.rlhf.model_sequence_log_probs``), from batches laid out chosen rows first, then rejected rows
+``tune.rlhf.model_sequence_log_probs``), from batches laid out chosen sequences first, then rejected ones: on CPU
+in one row without padding (``tune.data.padding_free_collate_dpo``, the default there), elsewhere padded
 (``tune.data.padded_collate_dpo``); packing is not supported. The loss of a step is the mean over all of its pairs
 (every micro-batch), and the metrics carry TRL's names (``rewards/chosen``, ``rewards/accuracies``, ``logps/chosen``,
 ``logits/chosen``, ...) averaged over the same pairs. ORPO (``tune.rlhf.loss.ORPOLoss``, ``chosen_nll``) adds the
@@ -31,7 +32,7 @@ from omegaconf import DictConfig, ListConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tune import config, rlhf, training, utils
+from tune import config, data, rlhf, training, utils
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
 from tune.modules.peft import (
@@ -255,12 +256,15 @@ class LoRADPORecipeSingleDevice:
         dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         with config.errors_at("dataset", config.component_name(cfg_dataset)):
             rlhf.check_preference_dataset(dataset)  # chosen and rejected sequences, not SFT samples
-        self._collate = config.instantiate_collate(  # chosen rows first, then rejected rows
+        # chosen sequences first, then rejected ones: padded rows, or one padding-free row
+        self._collate = config.instantiate_collate(
             cfg_collate,
             dataset,
             padding_idx=self._tokenizer.pad_id,
             ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
+            max_seq_len=getattr(self._model, "max_seq_len", None),
             device_type=self._device.type,
+            pairs=True,
         )
         sampler = StatefulDistributedSampler(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=self._seed)
         # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same;
@@ -280,7 +284,7 @@ class LoRADPORecipeSingleDevice:
 
     def loss_step(
         self,
-        batch: tuple[torch.Tensor, torch.Tensor],
+        batch: data.PreferenceBatch,
         metrics: rlhf.PreferenceMetrics,
         indices: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -288,8 +292,9 @@ class LoRADPORecipeSingleDevice:
         objective.
 
         Args:
-            batch (tuple[torch.Tensor, torch.Tensor]): ``(tokens, labels)`` [2b, s], chosen rows then rejected rows
-                (labels ``-100`` outside the completions, not shifted); already on the device.
+            batch (data.PreferenceBatch): the chosen sequences, then the rejected ones (labels ``-100`` outside the
+                completions, not shifted): padded rows [2b, s], or one padding-free row [1, T] with its sequence
+                lengths, positions and mask (``batch.packed``); already on the device.
             metrics (rlhf.PreferenceMetrics): where the rewards, log-probabilities and logits of the pairs go.
             indices (torch.Tensor | None): the pairs' dataset indices [b], where precomputed reference
                 log-probabilities are looked up; None runs the reference.
@@ -299,21 +304,23 @@ class LoRADPORecipeSingleDevice:
             of the whole step) and, for a loss with ``chosen_nll`` (ORPO), the SUM of the negative log-likelihood of
             the chosen sequences' tokens (the loop divides by those tokens of the whole step); None otherwise.
         """
-        tokens, labels = batch
+        tokens, labels, packed = batch.tokens, batch.labels, batch.packed  # packed: {} for padded rows
         average = self._average_log_probs  # means instead of sums (IPO, SimPO, ORPO)
         # ORPO: every token of the chosen sequences (prompt included) is scored in the same pass, for the NLL
-        nll_labels = rlhf.chosen_nll_labels(tokens, labels) if self._chosen_nll else None
+        nll_labels = rlhf.chosen_nll_labels(tokens, labels, seq_lens=batch.seq_lens) if self._chosen_nll else None
         reference = None
         if self._reference_table is not None and indices is not None:
             looked_up = self._reference_table[indices.to(self._device)]  # [b, 2]
             reference = (looked_up[:, 0], looked_up[:, 1])
         elif not self._reference_free:  # the policy with its adapters disabled (its output layer's too)
             with torch.no_grad(), disable_adapter(self._model):
-                reference = rlhf.model_sequence_log_probs(self._model, tokens, labels, average_log_probs=average)
+                reference = rlhf.model_sequence_log_probs(
+                    self._model, tokens, labels, average_log_probs=average, **packed
+                )
                 reference = reference.log_probs.chunk(2)
         with self._activations_ctx:  # only the completion positions are projected onto the vocabulary
             scores = rlhf.model_sequence_log_probs(
-                self._model, tokens, labels, average_log_probs=average, nll_labels=nll_labels
+                self._model, tokens, labels, average_log_probs=average, nll_labels=nll_labels, **packed
             )
         policy = scores.log_probs.chunk(2)
         if reference is None:
@@ -350,17 +357,18 @@ class LoRADPORecipeSingleDevice:
                 micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
                 # every pair of the step weighs the same: the loss is their mean (pairs counted on the CPU batches)
                 loss_scale = self._loss_tokens.step_loss_scale(
-                    sum(tokens.shape[0] // 2 for tokens, *_ in micro_batches),
-                    num_loss_tokens=sum(training.num_loss_tokens(labels) for _, labels, _ in micro_batches),
+                    sum(batch.num_pairs for batch, _ in micro_batches),
+                    num_loss_tokens=sum(training.num_loss_tokens(batch.labels) for batch, _ in micro_batches),
                 )
                 if self._chosen_nll:  # ORPO's NLL is a mean over every chosen token of the step (prompts included)
-                    nll_scale = training.step_loss_scale(
-                        sum(training.num_loss_tokens(rlhf.chosen_nll_labels(*b[:2])[:, 1:]) for b in micro_batches)
-                    )
+                    nll_labels = [
+                        rlhf.chosen_nll_labels(b.tokens, b.labels, seq_lens=b.seq_lens) for b, _ in micro_batches
+                    ]
+                    nll_scale = training.step_loss_scale(sum(training.num_loss_tokens(n[:, 1:]) for n in nll_labels))
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
-                for batch_index, (tokens, labels, indices) in enumerate(micro_batches):
-                    throughput.update(training.count_tokens(tokens, self._tokenizer.pad_id))
-                    batch = (tokens.to(device, non_blocking=True), labels.to(device, non_blocking=True))
+                for batch_index, (batch, indices) in enumerate(micro_batches):
+                    throughput.update(training.count_tokens(batch.tokens, self._tokenizer.pad_id))
+                    batch = batch.to(device, non_blocking=True)
                     # this micro-batch's share of the step's mean
                     pair_loss, nll = self.loss_step(batch, self._metrics, indices)
                     loss = pair_loss * loss_scale
@@ -425,11 +433,11 @@ class LoRADPORecipeSingleDevice:
         metrics = rlhf.PreferenceMetrics(self._device)
         loss_sum = torch.zeros((), dtype=torch.float32, device=self._device)
         num_pairs = 0
-        for index, (tokens, labels, _) in enumerate(self._val_dataloader):
+        for index, (batch, _) in enumerate(self._val_dataloader):
             if self._max_validation_steps is not None and index >= self._max_validation_steps:
                 break
-            loss_sum += self.loss_step((tokens.to(self._device), labels.to(self._device)), metrics)[0].float()
-            num_pairs += tokens.shape[0] // 2
+            loss_sum += self.loss_step(batch.to(self._device), metrics)[0].float()
+            num_pairs += batch.num_pairs
         self._model.train()
         values = {"val_loss": loss_sum.item() / max(num_pairs, 1)}
         values.update({f"val_{name}": value for name, value in metrics.compute().items()})

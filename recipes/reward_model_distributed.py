@@ -9,7 +9,8 @@ Launched by torchrun, one process per device, on one node or many::
 It trains what ``reward_model_single_device`` trains, the same way: a sequence classifier with one output
 (``tune.models.classifier_model`` around any text family's decoder) learns to score the chosen response of each pair
 above the rejected one with the Bradley-Terry loss of ``tune.rlhf.loss.RewardModelLoss`` (optional per-pair margin,
-reward centering); a sequence's reward is the score at its last non-padding token. A ``lora_*`` base trains its
+reward centering); a sequence's reward is the score at its last non-padding token (on CPU the batch's sequences are laid
+end to end in one padding-free row by default: ``tune.data.padding_free_collate_dpo``). A ``lora_*`` base trains its
 adapters and the score head, any other base every weight. The model is built on the meta device and sharded with
 ``fully_shard`` per transformer layer and on the root, each rank loading only its shards of the checkpoint; the
 adapters and, from a causal language model, the fresh score head are drawn from one seed on every rank.
@@ -32,7 +33,7 @@ from omegaconf import DictConfig, ListConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tune import config, models, rlhf, training, utils
+from tune import config, data, models, rlhf, training, utils
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
 from tune.modules.peft import get_adapter_params
@@ -274,12 +275,15 @@ class RewardModelRecipeDistributed:
         dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         with config.errors_at("dataset", config.component_name(cfg_dataset)):
             rlhf.check_preference_dataset(dataset)  # chosen and rejected sequences, not SFT samples
-        collate = config.instantiate_collate(  # chosen rows first, then rejected rows (and the margins, if any)
+        # chosen sequences first, then rejected ones (and the margins, if any): padded rows, or one padding-free row
+        collate = config.instantiate_collate(
             cfg_collate,
             dataset,
             padding_idx=self._tokenizer.pad_id,
             ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
+            max_seq_len=getattr(self._model, "max_seq_len", None),
             device_type=self._device.type,
+            pairs=True,
         )
         # one shard of the pairs per data-parallel rank
         sampler = StatefulDistributedSampler(
@@ -301,27 +305,25 @@ class RewardModelRecipeDistributed:
 
     # ---------------------------------------------------------------------------------------------------- train
 
-    def loss_step(self, batch: tuple[torch.Tensor, ...], metrics: RewardMetrics) -> torch.Tensor:
+    def loss_step(self, batch: data.PreferenceBatch, metrics: RewardMetrics) -> torch.Tensor:
         """Rewards and loss of one micro-batch of pairs. Override this in a copied recipe to change the objective.
 
         Args:
-            batch (tuple[torch.Tensor, ...]): ``(tokens, labels)`` [2b, s], chosen rows then rejected rows, right
-                padded (the labels are not used), and the pairs' margins [b] when the dataset has a margin column;
-                already on the device.
+            batch (data.PreferenceBatch): the chosen sequences, then the rejected ones: right-padded rows [2b, s]
+                or one padding-free row [1, T] with its mask and positions (the labels are not used), and the
+                pairs' margins [b] when the dataset has a margin column; already on the device.
             metrics (RewardMetrics): where the rewards of the pairs go.
 
         Returns:
             torch.Tensor: the SUM of the per-pair losses (the loop divides by the pairs of the whole step on all
             ranks).
         """
-        tokens, _, *margin = batch
-        with self._activations_ctx:
-            scores = self._model(tokens)  # [2b, s, 1]: a score at every position
+        with self._activations_ctx:  # a score at every position: [2b, s, 1], or [1, T, 1] padding-free
+            scores = self._model(batch.tokens, mask=batch.mask, input_pos=batch.input_pos)
         # each sequence's reward: the score at its last non-padding token, as transformers' classifiers pick it
-        last = training.get_unmasked_sequence_lengths(tokens == self._tokenizer.pad_id)  # [2b]
-        rewards = scores[torch.arange(tokens.shape[0], device=tokens.device), last, 0]
-        chosen_rewards, rejected_rewards = rewards.chunk(2)
-        losses = self._loss_fn(chosen_rewards, rejected_rewards, margin[0] if margin else None)
+        rows, columns = batch.last_token_positions(self._tokenizer.pad_id)  # [2b] each
+        chosen_rewards, rejected_rewards = scores[rows, columns, 0].chunk(2)
+        losses = self._loss_fn(chosen_rewards, rejected_rewards, batch.margin)
         metrics.update(chosen_rewards, rejected_rewards)
         return losses.sum()
 
@@ -338,15 +340,15 @@ class RewardModelRecipeDistributed:
             pbar = training.get_progress_bar(self._steps_per_epoch, epoch, initial=steps_done)  # rank 0 only
             batches = iter(self._dataloader)
             for _ in range(steps_done, self._steps_per_epoch):
-                micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
+                micro_batches = [data.preference_batch(next(batches)) for _ in range(self._gradient_accumulation_steps)]
                 # every pair of the step on every rank weighs the same: the pairs are counted on the CPU batches
                 # and summed over the ranks (a collective, no host-device sync)
-                num_pairs = sum(batch[0].shape[0] // 2 for batch in micro_batches)
+                num_pairs = sum(batch.num_pairs for batch in micro_batches)
                 loss_scale = self._loss_tokens.step_loss_scale(torch.tensor(num_pairs, device=device))
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, batch in enumerate(micro_batches):
-                    throughput.update(training.count_tokens(batch[0], self._tokenizer.pad_id))
-                    batch = tuple(part.to(device, non_blocking=True) for part in batch)
+                    throughput.update(training.count_tokens(batch.tokens, self._tokenizer.pad_id))
+                    batch = batch.to(device, non_blocking=True)
                     loss = self.loss_step(batch, self._metrics) * loss_scale  # this rank's share of the step's mean
                     step_loss += loss.detach()
                     if batch_index == self._gradient_accumulation_steps - 1:  # the step's loss, read once
@@ -413,8 +415,9 @@ class RewardModelRecipeDistributed:
         for index, batch in enumerate(self._val_dataloader):
             if self._max_validation_steps is not None and index >= self._max_validation_steps:
                 break
-            totals[0] += self.loss_step(tuple(part.to(self._device) for part in batch), metrics).float()
-            totals[1] += batch[0].shape[0] // 2
+            batch = data.preference_batch(batch)
+            totals[0] += self.loss_step(batch.to(self._device), metrics).float()
+            totals[1] += batch.num_pairs
         self._model.train()
         loss_sum, num_pairs = training.all_reduce_sum(totals).tolist()
         values = {"val_loss": loss_sum / max(num_pairs, 1.0)}

@@ -4,8 +4,10 @@ A sequence classifier with one output (``tune.models.classifier_model`` around a
 family's ``*_classifier`` builder) learns to score a chosen response above the rejected one: the Bradley-Terry loss
 of ``tune.rlhf.loss.RewardModelLoss`` (with an optional per-pair margin from the dataset and TRL's reward centering).
 A sequence's reward is the score at its last non-padding token, as transformers' ``*ForSequenceClassification``
-models read it. The model builder decides what trains: a ``lora_*`` base trains its adapters and the score head, any
-other base trains every weight. The loss of a step is the mean over all of its pairs (every micro-batch); the metrics
+models read it. On CPU a batch's sequences are laid end to end in one row without padding (the default there,
+``tune.data.padding_free_collate_dpo``; elsewhere ``tune.data.padded_collate_dpo``), with the same rewards.
+The model builder decides what trains: a ``lora_*`` base trains its adapters and the score head, any other base trains
+every weight. The loss of a step is the mean over all of its pairs (every micro-batch); the metrics
 carry TRL's ``RewardTrainer`` names (``accuracy``, ``margin``, ``min_reward``, ``mean_reward``, ``max_reward``), and
 validation logs ``val_loss`` and ``val_accuracy``, the held-out pair accuracy. Starting from a causal language
 model, every checkpoint is a ``<Family>ForSequenceClassification`` model that transformers loads with
@@ -29,7 +31,7 @@ from omegaconf import DictConfig, ListConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tune import config, rlhf, training, utils
+from tune import config, data, rlhf, training, utils
 from tune.data import CROSS_ENTROPY_IGNORE_IDX
 from tune.modules import TransformerSelfAttentionLayer
 from tune.modules.peft import get_adapter_params
@@ -240,12 +242,15 @@ class RewardModelRecipeSingleDevice:
         dataset = config.instantiate_dataset(cfg_dataset, self._tokenizer)  # a list is concatenated
         with config.errors_at("dataset", config.component_name(cfg_dataset)):
             rlhf.check_preference_dataset(dataset)  # chosen and rejected sequences, not SFT samples
-        collate = config.instantiate_collate(  # chosen rows first, then rejected rows (and the margins, if any)
+        # chosen sequences first, then rejected ones (and the margins, if any): padded rows, or one padding-free row
+        collate = config.instantiate_collate(
             cfg_collate,
             dataset,
             padding_idx=self._tokenizer.pad_id,
             ignore_idx=CROSS_ENTROPY_IGNORE_IDX,
+            max_seq_len=getattr(self._model, "max_seq_len", None),
             device_type=self._device.type,
+            pairs=True,
         )
         sampler = StatefulDistributedSampler(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=self._seed)
         # training drops the ragged last batch: every step sees full batches, and a resumed run counts the same
@@ -262,26 +267,24 @@ class RewardModelRecipeSingleDevice:
 
     # ---------------------------------------------------------------------------------------------------- train
 
-    def loss_step(self, batch: tuple[torch.Tensor, ...], metrics: RewardMetrics) -> torch.Tensor:
+    def loss_step(self, batch: data.PreferenceBatch, metrics: RewardMetrics) -> torch.Tensor:
         """Rewards and loss of one micro-batch of pairs. Override this in a copied recipe to change the objective.
 
         Args:
-            batch (tuple[torch.Tensor, ...]): ``(tokens, labels)`` [2b, s], chosen rows then rejected rows, right
-                padded (the labels are not used), and the pairs' margins [b] when the dataset has a margin column;
-                already on the device.
+            batch (data.PreferenceBatch): the chosen sequences, then the rejected ones: right-padded rows [2b, s]
+                or one padding-free row [1, T] with its mask and positions (the labels are not used), and the
+                pairs' margins [b] when the dataset has a margin column; already on the device.
             metrics (RewardMetrics): where the rewards of the pairs go.
 
         Returns:
             torch.Tensor: the SUM of the per-pair losses (the loop divides by the pairs of the whole step).
         """
-        tokens, _, *margin = batch
-        with self._activations_ctx:
-            scores = self._model(tokens)  # [2b, s, 1]: a score at every position
+        with self._activations_ctx:  # a score at every position: [2b, s, 1], or [1, T, 1] padding-free
+            scores = self._model(batch.tokens, mask=batch.mask, input_pos=batch.input_pos)
         # each sequence's reward: the score at its last non-padding token, as transformers' classifiers pick it
-        last = training.get_unmasked_sequence_lengths(tokens == self._tokenizer.pad_id)  # [2b]
-        rewards = scores[torch.arange(tokens.shape[0], device=tokens.device), last, 0]
-        chosen_rewards, rejected_rewards = rewards.chunk(2)
-        losses = self._loss_fn(chosen_rewards, rejected_rewards, margin[0] if margin else None)
+        rows, columns = batch.last_token_positions(self._tokenizer.pad_id)  # [2b] each
+        chosen_rewards, rejected_rewards = scores[rows, columns, 0].chunk(2)
+        losses = self._loss_fn(chosen_rewards, rejected_rewards, batch.margin)
         metrics.update(chosen_rewards, rejected_rewards)
         return losses.sum()
 
@@ -298,13 +301,13 @@ class RewardModelRecipeSingleDevice:
             pbar = training.get_progress_bar(self._steps_per_epoch, epoch, initial=steps_done)
             batches = iter(self._dataloader)
             for _ in range(steps_done, self._steps_per_epoch):
-                micro_batches = [next(batches) for _ in range(self._gradient_accumulation_steps)]
+                micro_batches = [data.preference_batch(next(batches)) for _ in range(self._gradient_accumulation_steps)]
                 # every pair of the step weighs the same: the loss is their mean (pairs counted on the CPU batches)
-                loss_scale = self._loss_tokens.step_loss_scale(sum(batch[0].shape[0] // 2 for batch in micro_batches))
+                loss_scale = self._loss_tokens.step_loss_scale(sum(batch.num_pairs for batch in micro_batches))
                 step_loss = torch.zeros((), dtype=torch.float32, device=device)
                 for batch_index, batch in enumerate(micro_batches):
-                    throughput.update(training.count_tokens(batch[0], self._tokenizer.pad_id))
-                    batch = tuple(part.to(device, non_blocking=True) for part in batch)
+                    throughput.update(training.count_tokens(batch.tokens, self._tokenizer.pad_id))
+                    batch = batch.to(device, non_blocking=True)
                     loss = self.loss_step(batch, self._metrics) * loss_scale  # this micro-batch's share of the mean
                     step_loss += loss.detach()
                     if batch_index == self._gradient_accumulation_steps - 1:  # the step's loss, read once
@@ -369,8 +372,9 @@ class RewardModelRecipeSingleDevice:
         for index, batch in enumerate(self._val_dataloader):
             if self._max_validation_steps is not None and index >= self._max_validation_steps:
                 break
-            loss_sum += self.loss_step(tuple(part.to(self._device) for part in batch), metrics)
-            num_pairs += batch[0].shape[0] // 2
+            batch = data.preference_batch(batch)
+            loss_sum += self.loss_step(batch.to(self._device), metrics)
+            num_pairs += batch.num_pairs
         self._model.train()
         values = {"val_loss": loss_sum.item() / max(num_pairs, 1)}
         values.update({f"val_{name}": value for name, value in metrics.compute().items()})

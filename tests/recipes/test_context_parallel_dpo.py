@@ -60,7 +60,9 @@ def _overrides(assets: Path, start: dict, *extra: str) -> list[str]:
 
 
 def _run_and_compare(recipe: str, config: Path, overrides: list[str], cp_extra: list[str], cwd: Path, label: str):
-    batches = first_batches(config, [*overrides, "output_dir=unused"], 4, STEPS)  # (tokens, labels) [8, s]
+    # the cp run's batches: padded, the default under context parallelism (one process defaults to padding-free)
+    padded = [*overrides, "output_dir=unused", "collate_fn=tune.data.padded_collate_dpo"]
+    batches = first_batches(config, padded, 4, STEPS)  # (tokens, labels) [8, s]
     assert any(tokens.shape[1] % 4 for tokens, _ in batches), [tokens.shape for tokens, _ in batches]
     one, cp = cwd / "one", cwd / "cp2"
     _, proc = run_concurrently(

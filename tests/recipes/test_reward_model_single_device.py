@@ -115,7 +115,7 @@ def _write_config(tmp_path: Path, family: str, checkpoint: Path, out: Path, *, l
             "vocab_size": assets.vocab_size(family),
             "with_margin": True,
         },
-        "collate_fn": "tune.data.padded_collate_dpo",
+        "collate_fn": None,  # the CPU default: tune.data.padding_free_collate_dpo
         "seed": 0,
         "shuffle": False,
         "batch_size": 2,

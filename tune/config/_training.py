@@ -77,10 +77,10 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
         # shards the experts. Must divide the number of processes and of experts; needs tensor_parallel_dim: 1
         "expert_parallel_dim": 1,
     },
-    # preference recipes (the DPO recipes), read after "finetune": pairs are collated chosen rows first,
-    # then rejected rows, padded (padding-free rows and packing do not apply to pairs)
+    # preference recipes (the DPO recipes), read after "finetune": pairs are collated chosen sequences first,
+    # then rejected ones (see DEFAULT_NOTES: padding-free on CPU, padded elsewhere); pairs are not packed
     "dpo": {
-        "collate_fn": "tune.data.padded_collate_dpo",
+        "collate_fn": None,
         # TRL's name: the reference log-probs of every training pair computed once before training (one forward
         # pass per step less; full_dpo_distributed also scores the validation pairs and then frees the reference)
         "precompute_ref_log_probs": False,
@@ -94,9 +94,10 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
     "reference": {
         "ref_checkpointer": None,
     },
-    # the reward-model recipe, read after "finetune": pairs collated chosen rows first, then rejected rows
+    # the reward-model recipes, read after "finetune": pairs collated chosen sequences first, then rejected ones
+    # (see DEFAULT_NOTES: padding-free on CPU, padded elsewhere)
     "reward": {
-        "collate_fn": "tune.data.padded_collate_dpo",
+        "collate_fn": None,
     },
     # the GRPO recipes, read after "finetune" (their required keys, checked with these: grpo_samples,
     # forward_batch_size, max_generated_tokens, reward_functions; see _MINIMUMS and _reward_problems)
@@ -114,7 +115,8 @@ OPTIONAL_KEYS: dict[str, dict[str, Any]] = {
 # what a null default means, where the value is decided when the run starts (printed by --show-defaults)
 DEFAULT_NOTES: dict[str, str] = {
     "collate_fn": "tune.data.padding_free_collate on CPU (one row per batch, no padding), "
-    "tune.data.padded_collate_sft elsewhere",
+    "tune.data.padded_collate_sft elsewhere; preference pairs (dpo, reward): tune.data.padding_free_collate_dpo "
+    "on CPU, tune.data.padded_collate_dpo elsewhere and under context parallelism",
     "dist_backend": "gloo on CPU, cuda:nccl,cpu:gloo on GPUs",
     "tensor_parallel_plan": "the model family's plan (tune.registry)",
     "clip_grad_norm": "no clipping (the grad norm is still logged)",
@@ -589,6 +591,8 @@ def instantiate_collate(
     ignore_idx: int,
     max_seq_len: int | None = None,
     device_type: str = "cpu",
+    pairs: bool = False,
+    padding_free: bool = True,
 ) -> Callable[..., Any]:
     """The collator of the ``collate_fn`` key for ``dataset``.
 
@@ -599,12 +603,17 @@ def instantiate_collate(
 
     Args:
         cfg_collate (Any): the ``collate_fn`` value: a string, a component node, or ``None`` for the default
-            (``tune.data.padding_free_collate`` on CPU, ``tune.data.padded_collate_sft`` elsewhere).
+            (``tune.data.padding_free_collate`` on CPU, ``tune.data.padded_collate_sft`` elsewhere; for pairs
+            ``tune.data.padding_free_collate_dpo`` on CPU, ``tune.data.padded_collate_dpo`` elsewhere).
         dataset (Any): the dataset the batches come from.
         padding_idx (int): the tokenizer's pad id.
         ignore_idx (int): the label that gets no loss.
         max_seq_len (int | None): the model's maximum sequence length (for padding-free rows).
         device_type (str): where training runs; on CPU a padded collator gets a hint about padding-free rows.
+        pairs (bool): the samples are preference pairs (the preference recipes). Default False.
+        padding_free (bool): whether the run can take padding-free rows of pairs: False under context
+            parallelism, which cuts padded rows (the default is then padded, and ``padding_free_collate_dpo`` is
+            refused). Default True.
 
     Returns:
         Callable[..., Any]: the collate function for a ``DataLoader``.
@@ -618,14 +627,29 @@ def instantiate_collate(
         return instantiate(cfg_collate)  # a collator class configured by keyword arguments
     name = cfg_collate
     if name is None:  # DEFAULT_NOTES["collate_fn"]: the same losses either way, no compute on padding on CPU
-        name = "tune.data.padding_free_collate" if device_type == "cpu" else "tune.data.padded_collate_sft"
+        free = device_type == "cpu" and padding_free
+        if pairs:
+            name = "tune.data.padding_free_collate_dpo" if free else "tune.data.padded_collate_dpo"
+        else:
+            name = "tune.data.padding_free_collate" if device_type == "cpu" else "tune.data.padded_collate_sft"
         log.info("collate_fn: null -> %s on %s (set collate_fn to choose).", name, device_type)
     function = get_component_from_path(name, "collate_fn")
+    if function is data.padding_free_collate_dpo and not padding_free:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "collate_fn", "context parallelism cuts padded rows; use tune.data.padded_collate_dpo", name
+                )
+            ]
+        )
     with errors_at("collate_fn", name):
         collate = data.collate_for_dataset(
             function, dataset, padding_idx=padding_idx, ignore_idx=ignore_idx, max_seq_len=max_seq_len
         )
-    # the hint is about SFT samples: preference pairs (padded_collate_dpo) have no padding-free form
+    if device_type == "cpu" and function is data.padded_collate_dpo and cfg_collate is not None and padding_free:
+        log.info(
+            "CPU: collate_fn=tune.data.padding_free_collate_dpo puts each batch of pairs in one row (same losses)."
+        )
     if device_type == "cpu" and function is data.padded_collate_sft and cfg_collate is not None:
         log.info(
             "CPU: collate_fn=tune.data.padding_free_collate puts each batch in one row without padding (same "

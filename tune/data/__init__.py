@@ -17,6 +17,7 @@ from tune.data._chat_formats import (
     validate_messages,
 )
 from tune.data._collate import (
+    PreferenceBatch,
     collate_for_dataset,
     is_packed,
     left_pad_sequence,
@@ -26,6 +27,8 @@ from tune.data._collate import (
     padded_collate_packed,
     padded_collate_sft,
     padding_free_collate,
+    padding_free_collate_dpo,
+    preference_batch,
 )
 from tune.data._common import CROSS_ENTROPY_IGNORE_IDX
 from tune.data._image import load_image
@@ -90,6 +93,9 @@ __all__ = [
     "pack_lengths",
     "padded_collate",
     "padded_collate_dpo",
+    "padding_free_collate_dpo",
+    "preference_batch",
+    "PreferenceBatch",
     "padded_collate_generation",
     "padded_collate_kto",
     "padded_collate_packed",

@@ -6,6 +6,7 @@ shifted), and for packed batches ``mask`` [b, s, s] bool and ``input_pos`` [b, s
 
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -170,6 +171,104 @@ def padded_collate_dpo(
     return padded
 
 
+@dataclass
+class PreferenceBatch:
+    """One micro-batch of preference pairs, from either pair collator: the chosen sequences first, then the rejected
+    ones, padded into ``[2b, s]`` rows (:func:`padded_collate_dpo`) or laid end to end in one ``[1, T]`` row
+    (:func:`padding_free_collate_dpo`, which also gives ``seq_lens``, ``input_pos`` and ``mask``).
+
+    Attributes:
+        tokens (torch.Tensor): int64 ``[2b, s]`` or ``[1, T]``.
+        labels (torch.Tensor): int64, the shape of ``tokens``, not shifted; ``-100`` outside the completions.
+        margin (torch.Tensor | None): float32 ``[b]``, the pairs' margins when the dataset has them.
+        seq_lens (torch.Tensor | None): int64 ``[2b]``, the sequences' lengths in a padding-free row; None when
+            padded.
+        input_pos (torch.Tensor | None): int64 ``[1, T]``, positions restarting at 0 for every sequence.
+        mask (torch.Tensor | None): bool ``[1, T, T]``, the block-causal mask (each sequence attends only itself).
+    """
+
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    margin: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+    input_pos: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    @property
+    def num_pairs(self) -> int:
+        """The number of pairs ``b`` (read from shapes: no host-device synchronisation)."""
+        rows = self.tokens.shape[0] if self.seq_lens is None else self.seq_lens.shape[0]
+        return rows // 2
+
+    @property
+    def packed(self) -> dict[str, torch.Tensor]:
+        """``seq_lens``, ``input_pos`` and ``mask`` for a padding-free row (the keyword arguments of
+        ``tune.rlhf.model_sequence_log_probs``); empty when padded."""
+        if self.seq_lens is None:
+            return {}
+        return {"seq_lens": self.seq_lens, "input_pos": self.input_pos, "mask": self.mask}
+
+    def last_token_positions(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each sequence's last non-padding token is, as transformers' sequence classifiers read a score.
+
+        Args:
+            pad_id (int): the padding token id.
+
+        Returns:
+            tuple[torch.Tensor, torch.Tensor]: ``(rows, columns)``, int64 ``[2b]`` each, indexing ``tokens``; a
+            sequence made only of ``pad_id`` gives its first position.
+        """
+        num_rows, seq_len = self.tokens.shape
+        positions = torch.arange(seq_len, device=self.tokens.device)
+        if self.seq_lens is None:
+            last = torch.where(self.tokens != pad_id, positions, -1).amax(dim=-1).clamp(min=0)
+            return torch.arange(num_rows, device=self.tokens.device), last
+        seq_lens = self.seq_lens.to(self.tokens.device)
+        # output_size: no host-device synchronisation to find the length
+        segment = torch.repeat_interleave(
+            torch.arange(len(seq_lens), device=seq_lens.device), seq_lens, output_size=seq_len
+        )
+        starts = seq_lens.cumsum(0) - seq_lens
+        # per sequence, the largest position of a real token; its start when it has none
+        last = starts.scatter_reduce(0, segment, torch.where(self.tokens[0] != pad_id, positions, -1), reduce="amax")
+        return torch.zeros_like(last), last
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "PreferenceBatch":
+        """The same batch with every tensor on ``device``."""
+        moved = {
+            name: None if value is None else value.to(device, non_blocking=non_blocking)
+            for name, value in vars(self).items()
+        }
+        return PreferenceBatch(**moved)
+
+
+def preference_batch(batch: Sequence[torch.Tensor] | dict[str, torch.Tensor]) -> PreferenceBatch:
+    """The output of a pair collator as a :class:`PreferenceBatch`.
+
+    Args:
+        batch (Sequence[torch.Tensor] | dict[str, torch.Tensor]): ``(tokens, labels)`` or ``(tokens, labels,
+            margin)`` from :func:`padded_collate_dpo` (a user's collator of that form too), or the dict of
+            :func:`padding_free_collate_dpo`.
+
+    Returns:
+        PreferenceBatch: the same tensors, by name.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if isinstance(batch, PreferenceBatch):
+        return batch
+    if isinstance(batch, dict):
+        return PreferenceBatch(**batch)
+    if isinstance(batch, Sequence) and len(batch) in (2, 3):
+        return PreferenceBatch(*batch)
+    raise ValueError(
+        "a preference batch is (tokens, labels[, margin]) from tune.data.padded_collate_dpo or the dict of "
+        f"tune.data.padding_free_collate_dpo; got {type(batch).__name__}"
+        + (f" of {len(batch)} entries" if isinstance(batch, Sequence) else "")
+    )
+
+
 def padded_collate_generation(batch: Sequence[dict[str, Any]], padding_idx: int = 0) -> dict[str, torch.Tensor]:
     """Left-pads prompts so that every row's last prompt token is in the last column, ready for generation.
 
@@ -280,6 +379,68 @@ def _padding_free_packs(
         "input_pos": torch.cat([_as_long(p["input_pos"]) for p in batch])[keep][None],
         "mask": block_causal_mask([kept_lens], total),
     }
+
+
+# Padding-free preference pairs: the 2b sequences of a batch of pairs (chosen first, then rejected, as in
+# padded_collate_dpo) end to end in one row. A padded pair batch computes 2b * (longest - mean length) padding
+# positions; laid end to end, each sequence attends only itself (block-causal mask) from position 0, so every
+# per-sequence log-probability, score and gradient is the padded batch's. The sequences' lengths (seq_lens) let
+# tune.rlhf.model_sequence_log_probs sum per sequence and the reward recipes read each sequence's last score.
+def padding_free_collate_dpo(
+    batch: Sequence[dict[str, Any]],
+    padding_idx: int = 0,
+    ignore_idx: int = CROSS_ENTROPY_IGNORE_IDX,
+    max_seq_len: int | None = None,
+) -> dict[str, torch.Tensor] | tuple[torch.Tensor, ...]:
+    """Collates preference pairs into one padding-free row: the chosen sequences, then the rejected ones.
+
+    Args:
+        batch (Sequence[dict]): samples with ``chosen_input_ids``, ``chosen_labels``, ``rejected_input_ids``,
+            ``rejected_labels`` and, from a dataset with a margin column, ``margin``.
+        padding_idx (int): token id used only by the padded fallback. Default 0.
+        ignore_idx (int): the label that contributes no log-probability. Default -100.
+        max_seq_len (int | None): the longest row the model accepts (``model.max_seq_len``); a batch whose 2b
+            sequences add up to more is returned padded by :func:`padded_collate_dpo` instead. None: no limit.
+
+    Returns:
+        dict[str, torch.Tensor] | tuple[torch.Tensor, ...]: ``tokens`` and ``labels`` int64 [1, T] (each
+        sequence's first label set to ``ignore_idx``, which the padded batch never uses either), ``seq_lens``
+        int64 [2b] (chosen sequences first), ``input_pos`` int64 [1, T] (restarting at 0 for every sequence),
+        ``mask`` bool [1, T, T] (block-causal) and, when the samples carry it, ``margin`` float32 [b]; or the
+        padded fallback's tuple. :func:`preference_batch` reads either.
+
+    Raises:
+        ValueError: for an empty batch, or a sequence whose tokens and labels differ in length.
+    """
+    if not batch:
+        raise ValueError("padding_free_collate_dpo got an empty batch.")
+    sides = ("chosen", "rejected")
+    tokens = [_as_long(s[f"{side}_input_ids"]) for side in sides for s in batch]
+    labels = [_as_long(s[f"{side}_labels"]) for side in sides for s in batch]
+    for i, (t, lab) in enumerate(zip(tokens, labels)):
+        if t.shape != lab.shape or t.dim() != 1:
+            side, pair = sides[i // len(batch)], i % len(batch)
+            raise ValueError(
+                f"Pair {pair} of the batch has {side} input ids of shape {tuple(t.shape)} but labels of shape "
+                f"{tuple(lab.shape)}; both must be 1-D and of the same length."
+            )
+    seq_lens = torch.tensor([len(t) for t in tokens])
+    total = int(seq_lens.sum())
+    if max_seq_len is not None and total > max_seq_len:
+        return padded_collate_dpo(batch, padding_idx=padding_idx, ignore_idx=ignore_idx)
+    starts = seq_lens.cumsum(0) - seq_lens
+    labels = torch.cat(labels)
+    labels[starts[seq_lens > 0]] = ignore_idx  # the shift must not cross from one sequence into the next
+    out = {
+        "tokens": torch.cat(tokens)[None],
+        "labels": labels[None],
+        "seq_lens": seq_lens,
+        "input_pos": (torch.arange(total) - starts.repeat_interleave(seq_lens))[None],
+        "mask": block_causal_mask([seq_lens], total),  # [1, T, T]
+    }
+    if "margin" in batch[0]:
+        out["margin"] = torch.tensor([float(s["margin"]) for s in batch], dtype=torch.float32)
+    return out
 
 
 def is_packed(dataset: Any) -> bool:

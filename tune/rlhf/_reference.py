@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from tune.data import PreferenceBatch, preference_batch
 from tune.rlhf._sequence_processing import model_sequence_log_probs
 
 
@@ -35,18 +36,19 @@ class IndexedPairs(Dataset):
         return self.dataset[index], index
 
 
-def collate_with_indices(collate: Callable[[list[Any]], Sequence[torch.Tensor]]) -> Callable:
-    """Wraps a pair collate (``padded_collate_dpo``) for :class:`IndexedPairs`: its output, then the indices.
+def collate_with_indices(collate: Callable[[list[Any]], Any]) -> Callable:
+    """Wraps a pair collate (``padded_collate_dpo``, ``padding_free_collate_dpo``) for :class:`IndexedPairs`: its
+    output as a :class:`~tune.data.PreferenceBatch`, then the indices.
 
     Args:
-        collate (Callable): the collate of the pairs, returning ``(tokens, labels)``.
+        collate (Callable): the collate of the pairs.
 
     Returns:
-        Callable: ``[(pair, index), ...] -> (tokens, labels, indices [b])``.
+        Callable: ``[(pair, index), ...] -> (PreferenceBatch, indices [b])``.
     """
 
-    def collate_indexed(batch: list[tuple[Any, int]]) -> tuple[torch.Tensor, ...]:
-        return (*collate([pair for pair, _ in batch]), torch.tensor([index for _, index in batch]))
+    def collate_indexed(batch: list[tuple[Any, int]]) -> tuple[PreferenceBatch, torch.Tensor]:
+        return preference_batch(collate([pair for pair, _ in batch])), torch.tensor([index for _, index in batch])
 
     return collate_indexed
 
@@ -77,7 +79,8 @@ def precompute_reference_log_probs(
             positions projected (:func:`~tune.rlhf.model_sequence_log_probs`). For LoRA, call this function under
             ``disable_adapter(model)``.
         pairs (Dataset): the preference pairs (not indexed).
-        collate (Callable): their collate, returning ``(tokens, labels)`` with chosen rows first, then rejected.
+        collate (Callable): their collate (``padded_collate_dpo``, ``padding_free_collate_dpo``): chosen
+            sequences first, then rejected ones.
         batch_size (int): pairs per forward pass (per rank).
         device (torch.device): where the model runs; the table stays there (under NCCL, a GPU).
         average_log_probs (bool): means over the completion tokens instead of sums (IPO, SimPO). Default False.
@@ -96,9 +99,10 @@ def precompute_reference_log_probs(
     )
     values = [torch.empty(0, 2, dtype=torch.float32, device=device)]  # [b, 2] per batch: chosen, rejected
     indices = [torch.empty(0, dtype=torch.long)]  # the pairs' dataset indices [b] per batch
-    for tokens, labels, batch_indices in loader:
+    for batch, batch_indices in loader:
+        batch = batch.to(device)
         scores = model_sequence_log_probs(
-            reference_logits, tokens.to(device), labels.to(device), average_log_probs=average_log_probs
+            reference_logits, batch.tokens, batch.labels, average_log_probs=average_log_probs, **batch.packed
         )
         values.append(torch.stack(scores.log_probs.float().chunk(2), dim=1))
         indices.append(batch_indices)

@@ -141,7 +141,10 @@ class SequenceLogProbs(NamedTuple):
 
 
 def chosen_nll_labels(
-    tokens: torch.Tensor, labels: torch.Tensor, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
+    seq_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The labels of ORPO's NLL term for a preference batch: every token of each chosen sequence, prompt included.
 
@@ -151,14 +154,22 @@ def chosen_nll_labels(
     trainer scores every non-padding token of the chosen sequence. The rejected rows get no label. A row whose
     completion was cut away entirely has no label either.
 
+    A padding-free row (``tune.data.padding_free_collate_dpo``, with ``seq_lens``) gets the same labels sequence
+    by sequence, each sequence's first position left unlabelled (the padded rows' first label is never used
+    either, and here it would be predicted by the previous sequence's last token).
+
     Args:
-        tokens (torch.Tensor): ``[2b, s]`` token ids, chosen rows first.
-        labels (torch.Tensor): ``[2b, s]`` labels (not shifted); ``ignore_index`` outside the completions.
+        tokens (torch.Tensor): ``[2b, s]`` token ids, chosen rows first; or ``[1, T]`` with ``seq_lens``.
+        labels (torch.Tensor): the same shape, not shifted; ``ignore_index`` outside the completions.
         ignore_index (int): the ignored label. Default -100.
+        seq_lens (torch.Tensor | None): ``[2b]`` the sequences' lengths in a padding-free row, chosen first.
+            Default None (padded rows).
 
     Returns:
-        torch.Tensor: ``[2b, s]`` labels (not shifted), on the labels' device.
+        torch.Tensor: labels of the shape of ``labels`` (not shifted), on the labels' device.
     """
+    if seq_lens is not None:
+        return _packed_chosen_nll_labels(tokens, labels, ignore_index, seq_lens.to(labels.device))
     num_rows, seq_len = labels.shape
     positions = torch.arange(seq_len, device=labels.device)
     # the last labelled position of each row (-1 without any)
@@ -166,6 +177,22 @@ def chosen_nll_labels(
     in_sequence = positions <= last  # [2b, s]
     in_sequence[num_rows // 2 :] = False  # rejected rows
     return torch.where(in_sequence, tokens.to(labels.device), ignore_index)
+
+
+def _packed_chosen_nll_labels(
+    tokens: torch.Tensor, labels: torch.Tensor, ignore_index: int, seq_lens: torch.Tensor
+) -> torch.Tensor:
+    # [T]: each position's sequence, and whether it is a chosen one (the first half of the sequences)
+    # output_size: no host-device synchronisation to find the length
+    segment = torch.repeat_interleave(
+        torch.arange(len(seq_lens), device=labels.device), seq_lens, output_size=labels.shape[-1]
+    )
+    positions = torch.arange(labels.shape[-1], device=labels.device)
+    labelled = torch.where(labels[0] != ignore_index, positions, -1)
+    last = torch.full_like(seq_lens, -1).scatter_reduce(0, segment, labelled, reduce="amax")  # per sequence
+    starts = seq_lens.cumsum(0) - seq_lens
+    in_sequence = (positions > starts[segment]) & (positions <= last[segment]) & (segment < len(seq_lens) // 2)
+    return torch.where(in_sequence, tokens[0].to(labels.device), ignore_index)[None]
 
 
 def completion_logit_sums(
@@ -197,6 +224,7 @@ def sequence_log_probs(
     select_labelled: bool | None = None,
     labels_shifted: bool = False,
     nll_labels: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
 ) -> SequenceLogProbs:
     """:func:`get_batch_log_probs` and the logits metrics from a decoder's final hidden states, projecting only
     the positions that predict a label (the completions of preference pairs) onto the vocabulary.
@@ -231,13 +259,18 @@ def sequence_log_probs(
             summed negative log-likelihood per row is returned as ``nll_sums`` (and their count as
             ``nll_tokens``); the positions of both sets are projected once. Where both label a position they must
             agree. Default None.
+        seq_lens (torch.Tensor | None): ``[n]`` the lengths of the sequences laid end to end in a padding-free
+            row (``hidden`` ``[1, T, d]``, ``tune.data.padding_free_collate_dpo``): every result is then per
+            sequence, ``[n]``, as for the same sequences padded into ``n`` rows. The labels at the sequences'
+            first positions must be ``ignore_index`` (the collator sets them). Default None (one result per row).
 
     Returns:
-        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]`` (and ``nll_sums``,
-        ``nll_tokens`` with ``nll_labels``).
+        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]`` (``[n]`` with
+        ``seq_lens``), and ``nll_sums``, ``nll_tokens`` with ``nll_labels``.
 
     Raises:
-        ValueError: when ``hidden`` is not ``[*labels.shape, d]`` or ``chunk_size`` is not positive.
+        ValueError: when ``hidden`` is not ``[*labels.shape, d]``, ``chunk_size`` is not positive, or
+            ``seq_lens`` is given for more than one row.
     """
     if hidden.dim() != 3 or hidden.shape[:-1] != labels.shape:
         raise ValueError(
@@ -247,6 +280,20 @@ def sequence_log_probs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of positions, got {chunk_size}.")
     num_rows, seq_len, dim = hidden.shape
+    if seq_lens is not None and (num_rows != 1 or seq_lens.dim() != 1):  # (their sum is not read: a host sync)
+        raise ValueError(
+            f"seq_lens must be the lengths of the sequences of one padding-free row: got seq_lens of shape "
+            f"{tuple(seq_lens.shape)} for hidden states {tuple(hidden.shape)}."
+        )
+
+    def per_sequence(values: torch.Tensor) -> torch.Tensor:  # [b * s] -> [b] row sums, or [n] sequence sums
+        if seq_lens is None:
+            return values.view(num_rows, seq_len).sum(dim=-1)
+        lengths = seq_lens.to(values.device)
+        segment = torch.repeat_interleave(
+            torch.arange(len(lengths), device=values.device), lengths, output_size=seq_len
+        )
+        return values.new_zeros(len(seq_lens)).index_add_(0, segment, values)
 
     def shifted(grid: torch.Tensor) -> torch.Tensor:  # [b, s]: the label position t predicts
         return grid if labels_shifted else F.pad(grid[:, 1:], (0, 1), value=ignore_index)
@@ -277,14 +324,14 @@ def sequence_log_probs(
     grid = token_log_probs.new_zeros(num_rows * seq_len)
     nll_sums = nll_tokens = None
     if nll_scored is not None:  # the NLL over the second set; the log-probs and logits over the first only
-        nll_sums = -grid.index_copy(0, flat, token_log_probs * nll_scored[rows, columns]).view(num_rows, -1).sum(-1)
-        nll_tokens = nll_scored.sum(dim=-1)
+        nll_sums = -per_sequence(grid.index_copy(0, flat, token_log_probs * nll_scored[rows, columns]))
+        nll_tokens = per_sequence(nll_scored.flatten().long())
         in_completion = completion[rows, columns]
         token_log_probs, mean_logits = token_log_probs * in_completion, mean_logits * in_completion
         scored = completion
-    log_probs = grid.index_copy(0, flat, token_log_probs).view(num_rows, seq_len).sum(dim=-1)
-    logit_sums = grid.index_copy(0, flat, mean_logits).view(num_rows, seq_len).sum(dim=-1)
-    num_tokens = scored.sum(dim=-1)
+    log_probs = per_sequence(grid.index_copy(0, flat, token_log_probs))
+    logit_sums = per_sequence(grid.index_copy(0, flat, mean_logits))
+    num_tokens = per_sequence(scored.flatten().long())
     if average_log_probs:
         log_probs = log_probs / num_tokens.clamp(min=1)
     return SequenceLogProbs(log_probs, logit_sums.float(), num_tokens, nll_sums, nll_tokens)
@@ -299,6 +346,9 @@ def model_sequence_log_probs(
     ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
     context_parallel: "ContextParallel | None" = None,
     nll_labels: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    input_pos: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> SequenceLogProbs:
     """Runs ``model`` on ``tokens`` and scores the labelled tokens (the completions): :class:`SequenceLogProbs`.
 
@@ -320,11 +370,33 @@ def model_sequence_log_probs(
         nll_labels (torch.Tensor | None): ``[b, s]`` labels (not shifted) whose summed negative log-likelihood per
             row is returned too (``nll_sums``, ``nll_tokens``): ORPO's chosen sequences, :func:`chosen_nll_labels`.
             Default None.
+        seq_lens (torch.Tensor | None): ``[n]`` for a padding-free row (``tune.data.padding_free_collate_dpo``):
+            the lengths of the sequences laid end to end in ``tokens`` ``[1, T]``; the results are per sequence,
+            ``[n]``, equal to those of the same sequences padded into ``n`` rows. Needs a ``tune`` decoder, and
+            ``input_pos`` and ``mask``. Default None.
+        input_pos (torch.Tensor | None): ``[1, T]`` positions restarting at 0 for every sequence. Default None.
+        mask (torch.Tensor | None): ``[1, T, T]`` block-causal mask (each sequence attends only itself).
+            Default None.
 
     Returns:
-        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]`` (and ``nll_sums``,
-        ``nll_tokens`` with ``nll_labels``).
+        SequenceLogProbs: ``log_probs``, ``logit_sums`` and ``num_tokens``, each ``[b]`` (``[n]`` with
+        ``seq_lens``), and ``nll_sums``, ``nll_tokens`` with ``nll_labels``.
+
+    Raises:
+        ValueError: for a padding-free row under context parallelism or with a model that is not a ``tune``
+            decoder.
     """
+    if seq_lens is not None:
+        if context_parallel is not None and context_parallel.enabled:
+            raise ValueError(
+                "context parallelism cuts padded rows: set collate_fn: tune.data.padded_collate_dpo with "
+                "context_parallel_dim > 1."
+            )
+        if getattr(model, "output", None) is None or not hasattr(model, "skip_output_layer"):
+            raise ValueError(
+                "padding-free batches are scored with tune decoders (a model with output and skip_output_layer); "
+                "set collate_fn: tune.data.padded_collate_dpo for another model."
+            )
     if context_parallel is not None and context_parallel.enabled:
         return _context_parallel_log_probs(
             model, tokens, labels, average_log_probs, ignore_index, context_parallel, nll_labels
@@ -342,7 +414,7 @@ def model_sequence_log_probs(
     previous = model.skip_output_layer
     model.skip_output_layer = True
     try:
-        hidden = model(tokens)
+        hidden = model(tokens) if seq_lens is None else model(tokens, mask=mask, input_pos=input_pos)
     finally:
         model.skip_output_layer = previous
     return sequence_log_probs(
@@ -352,6 +424,7 @@ def model_sequence_log_probs(
         average_log_probs=average_log_probs,
         ignore_index=ignore_index,
         nll_labels=nll_labels,
+        seq_lens=seq_lens,
     )
 
 
