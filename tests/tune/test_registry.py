@@ -88,7 +88,9 @@ def test_lookup_by_a_family_name_imports_that_family_only():
 
 
 def test_models_package_lists_its_families_and_rejects_other_names():
-    assert set(BUILT_IN_FAMILIES) | {"from_hf", "to_hf_state_dict"} == set(tune.models.__all__)
+    # besides the families: the Hugging Face conversions and the any-family scalar-head builders (reward models)
+    helpers = {"from_hf", "to_hf_state_dict", "classifier_model", "init_classifier_head"}
+    assert set(BUILT_IN_FAMILIES) | helpers == set(tune.models.__all__)
     assert sorted(list_model_families()) == BUILT_IN_FAMILIES
     with pytest.raises(AttributeError, match="has no attribute 'llama9'"):
         tune.models.llama9  # noqa: B018

@@ -22,3 +22,23 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]], file=None)
     for row in [header, *rows]:
         cells = [str(c).ljust(w) for c, w in zip(row, widths, strict=False)] + [str(row[-1])]
         print("  ".join(cells).rstrip(), file=file)
+
+
+class IntermixedArgumentParser(argparse.ArgumentParser):
+    """Lets overrides follow options: ``tune validate my.yaml --recipe R key=value`` (validate, estimate).
+
+    A plain ``ArgumentParser`` takes every positional (CONFIG and the overrides) from the first run of them, so
+    ``key=value`` after ``--recipe R`` would be an unrecognized argument. The subcommand's parser is called with
+    ``parse_known_args`` by the top-level one; this parses intermixed instead.
+    """
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+        if self._intermixing:  # the two passes of parse_known_intermixed_args call back here
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False

@@ -2,14 +2,19 @@
 
 Without torchrun flags the recipe runs in this process, as if started with ``python RECIPE.py --config ...``
 (``runpy`` with ``__name__ == "__main__"``). With them it is launched through ``torch.distributed.run`` (the
-``torchrun`` launcher's own argument parser and ``run`` function), once per process.
+``torchrun`` launcher's own argument parser and ``run`` function), once per process. When a run that logged
+metrics ends, ``report_run`` records it in ``run.json``, writes ``report.html`` (both beside the log, in
+``output_dir/logs`` with the shipped configs) and prints where the log and the report are.
 """
 
 import argparse
+import json
 import logging
 import os
 import runpy
+import shlex
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,7 +100,11 @@ def main(argv: Sequence[str]) -> int:
     recipe = find_recipe(argv[0])
     config_args = _config_args(recipe, argv[1:])
     check_before_start(config_args, recipe.path)
-    return _run_in_process(recipe, config_args)
+    started = time.time()
+    status = _run_in_process(recipe, config_args)
+    if status == 0:
+        report_run(recipe.name, argv[1:], config_args, started)
+    return status
 
 
 def check_before_start(config_args: list[str], recipe_path: str | Path | None = None) -> None:
@@ -230,7 +239,9 @@ def _run_distributed(argv: list[str]) -> int:
             f"one process.{hint}"
         )
     args.training_script = str(recipe.path)
-    args.training_script_args = _config_args(recipe, list(args.training_script_args))
+    given_args = list(args.training_script_args)
+    launcher_args = argv[: len(argv) - len(given_args) - 1]
+    args.training_script_args = _config_args(recipe, given_args)
     check_before_start(args.training_script_args, recipe.path)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -241,6 +252,7 @@ def _run_distributed(argv: list[str]) -> int:
     elastic_log = logging.getLogger("torch.distributed.elastic")
     level = elastic_log.level
     elastic_log.setLevel(logging.CRITICAL)
+    started = time.time()
     try:
         torchrun.run(args)
     except ChildFailedError as err:
@@ -249,6 +261,7 @@ def _run_distributed(argv: list[str]) -> int:
     finally:
         elastic_log.setLevel(level)
         os.environ.pop(LAUNCHER_REPORTS_ERRORS, None)
+    report_run(recipe.name, given_args, args.training_script_args, started, launcher_args)
     return 0
 
 
@@ -266,3 +279,103 @@ def _first_failure(err: "ChildFailedError") -> str:  # noqa: F821 - imported wit
         return f"rank {rank} failed: {said}"
     how = f"signal {-failure.exitcode}" if failure.exitcode < 0 else f"exit status {failure.exitcode}"
     return f"rank {rank} failed ({how}); its output above says why"
+
+
+def report_run(
+    recipe_name: str,
+    given_args: Sequence[str],
+    config_args: Sequence[str],
+    started: float,
+    launcher_args: Sequence[str] = (),
+) -> None:
+    """After a run that logged metrics: records how it ran, writes its report and says where both are.
+
+    ``run.json`` gets the recipe, the config as given, the overrides, the times and the wall time (a resumed run
+    adds its own entry), ``report.html`` the report of ``tune report OUTPUT_DIR``, both in the log directory
+    (``output_dir`` when the log directory is outside it; see ``tune.training.RunLog.report_dir``), and stdout
+    two lines naming the log and the report. A run without a JSON Lines metric log (generation,
+    evaluation, a stdout-only logger) gets nothing. Whatever fails here is a warning: the run itself succeeded.
+
+    Args:
+        recipe_name (str): the recipe that ran.
+        given_args (Sequence[str]): the recipe's arguments as typed (``--config NAME key=value ...``).
+        config_args (Sequence[str]): the same with the config resolved to its file.
+        started (float): unix time at which the recipe started.
+        launcher_args (Sequence[str]): the torchrun flags of a distributed run, recorded with the command.
+    """
+    if len(config_args) < 2 or config_args[0] != "--config" or any(a in ("-h", "--help") for a in config_args):
+        return
+    if os.environ.get("RANK", "0") != "0":  # `tune run` inside a launcher of its own: rank 0 reports
+        return
+    output_dir = None
+    try:
+        cfg = load_config(config_args[1], config_args[2:])
+        output_dir = cfg.get("output_dir")
+        if not isinstance(output_dir, str) or not output_dir:
+            return
+        from tune.training import RUN_INFO_FILE, RunLogError, read_run_log, write_report  # torch is loaded by now
+
+        try:
+            run = read_run_log(output_dir)
+        except RunLogError:
+            return  # nothing was logged to a file
+        info_file = run.report_dir / RUN_INFO_FILE
+        run.info = {"runs": _run_entries(info_file, bool(cfg.get("resume_from_checkpoint")))}
+        run.info["runs"].append(_run_entry(recipe_name, list(given_args), list(launcher_args), started))
+        _write_json(info_file, run.info)
+        report = write_report([run])
+    except Exception as error:  # noqa: BLE001 - the run succeeded; its report is a convenience
+        retry = f" `tune report {shlex.quote(str(output_dir))}` retries." if output_dir else ""
+        print(
+            f"tune: warning: could not write the run's report: {type(error).__name__}: {error}.{retry}", file=sys.stderr
+        )
+        return
+    print(f"Metrics logged to {run.log_files[-1]}")
+    print(
+        f"Report: {report} (rebuild it with `tune report {shlex.quote(output_dir)}`; "
+        f"compare runs with `tune report {shlex.quote(output_dir)} OTHER_OUTPUT_DIR ...`)"
+    )
+
+
+def _run_entries(path: Path, resumed: bool) -> list[dict]:
+    # a resumed run continues the earlier ones; a fresh run (into an empty or a moved-aside output_dir) starts anew
+    if not resumed or not path.is_file():
+        return []
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8")).get("runs")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+
+
+def _run_entry(recipe_name: str, given_args: list[str], launcher_args: list[str], started: float) -> dict:
+    import tune
+
+    config, overrides, i = None, [], 0
+    while i < len(given_args):
+        arg = given_args[i]
+        if arg == "--config" and i + 1 < len(given_args):
+            config, i = given_args[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            config = arg.partition("=")[2]
+        else:
+            overrides.append(arg)
+        i += 1
+    finished = time.time()
+    return {
+        "recipe": recipe_name,
+        "config": config,
+        "overrides": overrides,
+        "command": shlex.join(["tune", "run", *launcher_args, recipe_name, *given_args]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(finished)),
+        "wall_seconds": round(finished - started, 3),
+        "tune_version": tune.__version__,
+    }
+
+
+def _write_json(path: Path, data: dict) -> None:
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    partial.replace(path)

@@ -7,7 +7,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from tune._cli._common import HelpFormatter, examples
+from tune._cli import _estimate
+from tune._cli._common import HelpFormatter, IntermixedArgumentParser, examples
 from tune.config import (
     ConfigProblem,
     RecipeInfo,
@@ -25,26 +26,6 @@ from tune.config import (
 )
 from tune.config._recipe_scan import scan_recipe
 from tune.config._training import DEFAULT_NOTES, optional_key_tables
-
-
-class _IntermixedArgumentParser(argparse.ArgumentParser):
-    """Lets overrides follow options: ``tune validate my.yaml --recipe R key=value``.
-
-    A plain ``ArgumentParser`` takes every positional (CONFIG and the overrides) from the first run of them, so
-    ``key=value`` after ``--recipe R`` would be an unrecognized argument. The subcommand's parser is called with
-    ``parse_known_args`` by the top-level one; this parses intermixed instead.
-    """
-
-    _intermixing = False
-
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
-        if self._intermixing:  # the two passes of parse_known_intermixed_args call back here
-            return super().parse_known_args(args, namespace)
-        self._intermixing = True
-        try:
-            return self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._intermixing = False
 
 
 def add_parser(subparsers) -> None:
@@ -68,9 +49,10 @@ def add_parser(subparsers) -> None:
             "tune validate my.yaml --recipe ./my_recipe.py optimizer.lr=1e-4 ~profiler",
             "tune validate my.yaml --recipe lora_finetune_single_device --show-sample 0",
             "tune validate llama3_2/1B_lora_single_device --show-defaults",
+            "tune validate llama3_2/1B_full_single_device --estimate --device-memory 24GiB",
         ),
     )
-    parser.__class__ = _IntermixedArgumentParser  # built by `subparsers`, which takes no parser class per command
+    parser.__class__ = IntermixedArgumentParser  # built by `subparsers`, which takes no parser class per command
     parser.add_argument(
         "config", metavar="CONFIG", help="config name or YAML file; e.g. llama3_2/1B_lora_single_device or my.yaml"
     )
@@ -94,6 +76,13 @@ def add_parser(subparsers) -> None:
         help="after a clean check, print the optional keys the recipe reads with the values they will take, "
         "from the config or from the recipe's defaults (tune.config.OPTIONAL_KEYS); e.g. --show-defaults",
     )
+    parser.add_argument(
+        "--estimate",
+        action="store_true",
+        help="after a clean check, print the peak memory per device as `tune estimate` does (with the options "
+        "below); e.g. --estimate --device-memory 24GiB",
+    )
+    _estimate.add_estimate_arguments(parser)
     parser.add_argument(
         "overrides",
         nargs="*",
@@ -127,6 +116,16 @@ def run(args: argparse.Namespace) -> int:
         print(_defaults_report(path, args.overrides, recipe))
     if args.show_sample is not None:
         print(_sample(path, args.overrides, args.show_sample, recipe))
+    if args.estimate:
+        report = _estimate.estimate_config(
+            args.config,
+            args.overrides,
+            recipe=args.recipe,
+            world_size=args.nproc_per_node * args.nnodes,
+            device_memory=args.device_memory,
+            baseline=not args.no_baseline,
+        )
+        _estimate.print_report(report)
     return 0
 
 

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Sequence
 
 import tune
-from tune._cli import _cat, _cp, _download, _ls, _migrate, _run, _validate
+from tune._cli import _cat, _cp, _download, _estimate, _export, _ls, _migrate, _report, _run, _validate
 from tune._cli._common import HelpFormatter, examples
 from tune.config import TuneError
 
@@ -18,8 +18,11 @@ _COMMANDS = {
     "cat": _cat,
     "run": _run,
     "validate": _validate,
+    "estimate": _estimate,
     "download": _download,
     "migrate": _migrate,
+    "export": _export,
+    "report": _report,
 }
 _DESCRIPTION = """\
 tune: fine-tune large language models with native-PyTorch recipes.
@@ -39,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
             "tune run lora_finetune_single_device --config qwen2_5/0.5B_lora_single_device batch_size=4",
             "tune cp lora_finetune_single_device my_recipe.py && tune run my_recipe.py --config my.yaml",
             "tune validate my.yaml --recipe lora_finetune_single_device",
+            "tune estimate llama3_1/8B_full_single_device --device-memory 80GiB",
             "tune migrate my_torchtune_project/ --dry-run",
+            "tune export /tmp/my_run/step_500 --format gguf --dtype q8_0",
+            "tune report /tmp/run_a /tmp/run_b --out compare.html",
             "",
             "`tune CMD --help` documents each command. TUNE_DEBUG=1 shows Python tracebacks for errors.",
         ),

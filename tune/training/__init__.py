@@ -50,6 +50,14 @@ from tune.training._loss_scaling import (
     scale_grads,
     step_loss_scale,
 )
+from tune.training._memory_estimate import (
+    CPU_ALLOCATOR_OVERHEAD,
+    CPU_PROCESS_BASELINE_BYTES,
+    CUDA_CONTEXT_BYTES,
+    FrozenModel,
+    MemoryEstimate,
+    estimate_memory,
+)
 from tune.training._model_converters import (
     FakeQuantizedLoRALinear,
     Float8TrainingConverter,
@@ -94,6 +102,15 @@ from tune.training._recipe_state import (
     step_metrics,
     steps_per_epoch,
     validation_loss,
+)
+from tune.training._report import (
+    RUN_INFO_FILE,
+    RunLog,
+    RunLogError,
+    read_run_log,
+    read_run_logs,
+    render_report,
+    write_report,
 )
 from tune.training._sharded_state import (
     DCP_SUBDIR,
@@ -149,7 +166,13 @@ from tune.training.seed import set_seed
 from tune.utils import get_world_size_and_rank
 
 __all__ = [
+    "CPU_ALLOCATOR_OVERHEAD",
+    "CPU_PROCESS_BASELINE_BYTES",
+    "CUDA_CONTEXT_BYTES",
     "ContextParallel",
+    "FrozenModel",
+    "MemoryEstimate",
+    "estimate_memory",
     "RecipeState",
     "sharded_optimizer_state",
     "sharded_model_state",
@@ -194,6 +217,13 @@ __all__ = [
     "StdoutLogger",
     "TensorBoardLogger",
     "ThroughputTracker",
+    "RUN_INFO_FILE",
+    "RunLog",
+    "RunLogError",
+    "read_run_log",
+    "read_run_logs",
+    "render_report",
+    "write_report",
     "WandBLogger",
     "activation_offloading_context",
     "activation_offloading_supported",

@@ -10,7 +10,7 @@ import pytest
 from tune._cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[3]
-COMMANDS = ["ls", "cp", "cat", "run", "validate", "download"]
+COMMANDS = ["ls", "cp", "cat", "run", "validate", "download", "estimate", "export", "report"]
 
 
 def test_help_lists_every_command(tune):

@@ -1,5 +1,6 @@
 """Checkpointing: Hugging Face, Meta and native formats, PEFT adapters, DCP for sharded state, atomic layout,
-resumable sampler and recipe state (optimizer, LR schedule, progress, data position, RNG states)."""
+resumable sampler and recipe state (optimizer, LR schedule, progress, data position, RNG states), and export of a
+checkpoint as one merged Hugging Face directory or GGUF file (``tune export``)."""
 
 from tune.training.checkpointing._checkpointer import (
     FullModelHFCheckpointer,
@@ -22,6 +23,14 @@ from tune.training.checkpointing._constants import (
     TOTAL_EPOCHS_KEY,
 )
 from tune.training.checkpointing._distributed import DistributedCheckpointer, gather_full_state_dict
+from tune.training.checkpointing._export import (
+    HF_EXPORT_DTYPES,
+    ExportSource,
+    export_hf,
+    missing_inference_files,
+    open_checkpoint,
+    resolve_checkpoint,
+)
 from tune.training.checkpointing._formats import (
     adapter_to_peft,
     hf_to_meta,
@@ -32,6 +41,7 @@ from tune.training.checkpointing._formats import (
     permute_meta_to_hf,
     split_adapter,
 )
+from tune.training.checkpointing._gguf import GGUF_ARCHITECTURES, GGUF_EXPORT_DTYPES, export_gguf
 from tune.training.checkpointing._io import (
     CheckpointError,
     CheckpointSaveError,
@@ -72,6 +82,15 @@ Checkpointer = (
 
 __all__ = [
     "Checkpointer",
+    "ExportSource",
+    "GGUF_ARCHITECTURES",
+    "GGUF_EXPORT_DTYPES",
+    "HF_EXPORT_DTYPES",
+    "export_gguf",
+    "export_hf",
+    "missing_inference_files",
+    "open_checkpoint",
+    "resolve_checkpoint",
     "CheckpointError",
     "CheckpointSaveError",
     "ADAPTER_CONFIG",
